@@ -1,0 +1,3 @@
+from streamkeeper.cli import main
+
+main()

@@ -1,0 +1,157 @@
+"""`streamkeeper` command line: run jobs, recover them, read their control plane."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from streamkeeper.errors import StreamkeeperError
+from streamkeeper.spec import JobSpec, load_spec
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, help=__doc__
+)
+
+SpecArg = Annotated[Path, typer.Argument(help="The job's YAML spec file.")]
+RootOpt = Annotated[
+    str | None, typer.Option("--root", help="Storage root URI (local path or s3://bucket/prefix).")
+]
+CheckpointOpt = Annotated[
+    str | None, typer.Option("--checkpoint-dir", help="Spark checkpoint directory (local path).")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a spec field: dotted.key=value (repeatable)."),
+]
+
+
+def _overrides(root: str | None, checkpoint_dir: str | None, sets: list[str] | None) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"--set {item!r}: expected dotted.key=value")
+        overrides[key] = value
+    if root:
+        overrides["storage.root"] = root
+    if checkpoint_dir:
+        overrides["checkpoint.dir"] = checkpoint_dir
+    return overrides
+
+
+def _load(spec_path: Path, overrides: dict[str, Any]) -> JobSpec:
+    try:
+        return load_spec(spec_path, overrides)
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def run(
+    spec_path: SpecArg,
+    root: RootOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    set_: SetOpt = None,
+    master: Annotated[str | None, typer.Option(help="Spark master, e.g. spark://127.0.0.1:7077.")] = None,
+    available_now: Annotated[
+        bool, typer.Option("--available-now", help="Process what is available, then stop.")
+    ] = False,
+    takeover: Annotated[
+        bool, typer.Option("--takeover", help="Fence a live runner of the same lineage.")
+    ] = False,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Run in the background; print the pid and log file.")
+    ] = False,
+) -> None:
+    """Run a job's streaming query, resuming from its checkpoint when one exists."""
+    spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
+    if detach:
+        _detach(spec)
+        return
+    from streamkeeper.runner import RunOptions, main_guard, run_job
+
+    main_guard()
+    options = RunOptions(
+        master=master, available_now=available_now, takeover=takeover, spec_dir=spec_path.parent
+    )
+    try:
+        result = run_job(spec, options)
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        json.dumps(
+            {
+                "job": spec.name,
+                "batches": result.batches,
+                "last_committed_seq": result.last_committed_seq,
+                "recovered": {
+                    "committed": result.recovery.committed,
+                    "discarded": result.recovery.discarded,
+                    "orphans_removed": len(result.recovery.orphans_removed),
+                },
+                "tables": result.tables,
+            }
+        )
+    )
+
+
+def _detach(spec: JobSpec) -> None:
+    """Re-run this command without --detach in a new session; the child owns the lease."""
+    log_dir = Path(".streamkeeper/logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{spec.name}.log"
+    argv = [a for a in sys.argv[1:] if a != "--detach"]
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "streamkeeper", *argv],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=os.environ.copy(),
+        )
+    typer.echo(json.dumps({"job": spec.name, "pid": child.pid, "log": str(log_path.resolve())}))
+
+
+@app.command()
+def status(
+    spec_path: SpecArg, root: RootOpt = None, checkpoint_dir: CheckpointOpt = None, set_: SetOpt = None
+) -> None:
+    """Print the job's control-plane entry: runner, epoch, heartbeat, last commit."""
+    from streamkeeper.control import ControlPlane
+    from streamkeeper.runner import resolve_paths
+
+    spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
+    paths = resolve_paths(spec)
+    control = ControlPlane(paths.root.store(), paths.layout)
+    typer.echo(json.dumps({"heartbeat": control.heartbeat(), "epoch": control.latest_epoch()}, indent=2))
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its data.")] = Path(
+        ".streamkeeper/demo"
+    ),
+    files: Annotated[int, typer.Option(help="Event files to generate (one batch each).")] = 5,
+    events_per_file: Annotated[int, typer.Option(help="Events per file.")] = 20_000,
+) -> None:
+    """Generate sample events, run the sample job end to end, print where its output is."""
+    from streamkeeper.demo import run_demo
+
+    run_demo(workdir.resolve(), files=files, events_per_file=events_per_file)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

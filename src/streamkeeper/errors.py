@@ -1,0 +1,31 @@
+"""Every error streamkeeper raises on purpose. Each message names the bad value and the fix."""
+
+from __future__ import annotations
+
+
+class StreamkeeperError(Exception):
+    """Base class: an error the user can act on."""
+
+
+class SpecError(StreamkeeperError):
+    """A job spec is malformed or inconsistent."""
+
+
+class StorageError(StreamkeeperError):
+    """Object storage is unreachable, refuses our credentials, or a path escapes its root."""
+
+
+class SchemaMismatchError(StreamkeeperError):
+    """A target table exists with a schema that the job's output does not match."""
+
+
+class CorruptManifestError(StreamkeeperError):
+    """A write-ahead-log manifest cannot be parsed or does not belong to this lineage."""
+
+
+class FencedError(StreamkeeperError):
+    """Another runner of the same job lineage took over; this one must not commit."""
+
+
+class AlreadyRunningError(StreamkeeperError):
+    """A live runner of the same job lineage holds the lineage."""

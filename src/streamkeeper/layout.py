@@ -1,0 +1,92 @@
+"""Where each durable artefact of a job lineage lives, below the storage root.
+
+    {root}/lineages/{lineage}/wal/manifests/{seq}.json      pending WAL manifests
+    {root}/lineages/{lineage}/wal/staging/{seq}/{sink}/     buffered merge rows (Parquet)
+    {root}/lineages/{lineage}/markers/{seq}.json            commit markers (batch -> versions)
+    {root}/lineages/{lineage}/epochs/{epoch}.json           fencing epochs, one per runner start
+    {root}/jobs/{job}/runner.json, heartbeat.json           the control plane's registry entry
+    {root}/tables/{sink}                                    default table location
+
+Every key is zero-padded so that lexical order is numeric order (S3 lists lexically).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamkeeper.storage import Location
+
+SEQ_WIDTH = 20
+
+
+def seq_name(seq: int) -> str:
+    return f"{seq:0{SEQ_WIDTH}d}"
+
+
+def seq_of(key: str) -> int:
+    """The sequence number in a key such as `.../00000000000000000012.json`."""
+    return int(key.rsplit("/", 1)[-1].split(".", 1)[0])
+
+
+@dataclass(frozen=True)
+class LineageLayout:
+    """Keys of one lineage, relative to the storage root's object store."""
+
+    root: Location
+    lineage: str
+    job: str
+
+    @property
+    def base(self) -> str:
+        return f"lineages/{self.lineage}"
+
+    @property
+    def manifests(self) -> str:
+        return f"{self.base}/wal/manifests"
+
+    def manifest(self, seq: int) -> str:
+        return f"{self.manifests}/{seq_name(seq)}.json"
+
+    def staging(self, seq: int, sink: str) -> Location:
+        return self.root.child(f"{self.base}/wal/staging/{seq_name(seq)}/{sink}")
+
+    def staging_prefix(self, seq: int) -> str:
+        return f"{self.base}/wal/staging/{seq_name(seq)}"
+
+    @property
+    def staging_root(self) -> str:
+        return f"{self.base}/wal/staging"
+
+    @property
+    def markers(self) -> str:
+        return f"{self.base}/markers"
+
+    def marker(self, seq: int) -> str:
+        return f"{self.markers}/{seq_name(seq)}.json"
+
+    @property
+    def epochs(self) -> str:
+        return f"{self.base}/epochs"
+
+    def epoch(self, epoch: int) -> str:
+        return f"{self.epochs}/{epoch:010d}.json"
+
+    @property
+    def job_base(self) -> str:
+        return f"jobs/{self.job}"
+
+    @property
+    def runner(self) -> str:
+        return f"{self.job_base}/runner.json"
+
+    @property
+    def heartbeat(self) -> str:
+        return f"{self.job_base}/heartbeat.json"
+
+    def data_app_id(self, sink: str) -> str:
+        """Delta app id of one table's commits: per lineage and table."""
+        return f"streamkeeper:{self.lineage}:{sink}"
+
+    def fence_app_id(self) -> str:
+        """Delta app id carrying the committing runner's epoch (fencing token)."""
+        return f"streamkeeper-fence:{self.lineage}"

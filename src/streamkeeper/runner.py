@@ -1,0 +1,244 @@
+"""Run a job spec's streaming query with the write-ahead Delta sink.
+
+Order of a start (each step safe to crash in, see PROTOCOL.md):
+probe storage -> take the lineage's next epoch (fences older runners) -> start Spark ->
+create or check the target tables -> recover the WAL against the commit log -> start
+the query, the commit coordinator and the heartbeat.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamkeeper.batch import BatchContext, BatchWriter, check_sink_columns
+from streamkeeper.checkpoint import SparkCheckpoint
+from streamkeeper.control import ControlPlane, Heartbeat
+from streamkeeper.coordinator import CommitCoordinator, CommitSequence, initial_sequence
+from streamkeeper.delta_tables import TableTarget, ensure_table
+from streamkeeper.errors import SpecError
+from streamkeeper.layout import LineageLayout
+from streamkeeper.recovery import RecoveryReport, recover
+from streamkeeper.session import build_session
+from streamkeeper.sources import build_source
+from streamkeeper.spec import JobSpec
+from streamkeeper.storage import Location, S3Settings, probe, resolve_root
+from streamkeeper.wal import WriteAheadLog
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a job, beyond its spec."""
+
+    master: str | None = None
+    available_now: bool = False  # process what is available, then stop (Trigger.AvailableNow)
+    takeover: bool = False
+    spec_dir: Path = Path(".")
+
+
+@dataclass
+class RunResult:
+    """What a finished run did."""
+
+    batches: int
+    last_committed_seq: int
+    recovery: RecoveryReport
+    tables: dict[str, str]
+    visibility_delays_ms: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Resolved locations of one job."""
+
+    root: Location
+    layout: LineageLayout
+    checkpoint_dir: Path
+    targets: dict[str, TableTarget]
+
+
+def resolve_paths(spec: JobSpec) -> JobPaths:
+    """Resolve the storage root, checkpoint directory and every sink's table."""
+    root = Location(resolve_root(spec.storage.root), S3Settings.from_env(spec.storage))
+    layout = LineageLayout(root, spec.lineage_id, spec.name)
+    checkpoint = Path(spec.checkpoint.dir or f".streamkeeper/checkpoints/{spec.lineage_id}")
+    targets = {
+        sink.name: TableTarget(
+            sink=sink.name,
+            location=root.child(sink.table or f"tables/{sink.name}"),
+            data_app_id=layout.data_app_id(sink.name),
+            fence_app_id=layout.fence_app_id(),
+        )
+        for sink in spec.sinks
+    }
+    return JobPaths(root, layout, checkpoint.resolve(), targets)
+
+
+def load_transform(spec: JobSpec, spec_dir: Path) -> Callable[[DataFrame], DataFrame]:
+    """Import `module:function` or `file.py:function` (relative to the spec's folder)."""
+    module_ref, function_name = spec.transform.split(":")
+    try:
+        if module_ref.endswith(".py"):
+            path = (spec_dir / module_ref).resolve()
+            module_spec = importlib.util.spec_from_file_location(f"_sk_{spec.name}", path)
+            if module_spec is None or module_spec.loader is None or not path.is_file():
+                raise FileNotFoundError(path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_ref)
+        return getattr(module, function_name)
+    except (ImportError, FileNotFoundError, AttributeError) as error:
+        raise SpecError(
+            f"transform {spec.transform!r} cannot be loaded ({type(error).__name__}: {error}); "
+            "expected 'package.module:function' or 'file.py:function' next to the spec"
+        ) from None
+
+
+def _arrow_schema(output: DataFrame, columns: list[str]) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(output.select(*columns).schema)
+
+
+class JobRunner:
+    """One start of one job: owns the Spark query and the commit coordinator."""
+
+    def __init__(self, spec: JobSpec, options: RunOptions) -> None:
+        self.spec = spec
+        self.options = options
+        self.paths = resolve_paths(spec)
+        self.store = self.paths.root.store()
+        self.control = ControlPlane(self.store, self.paths.layout)
+        self._stop_requested = threading.Event()
+
+    def run(self) -> RunResult:
+        probe(self.paths.root)
+        lease = self.control.acquire(takeover=self.options.takeover)
+        spark = build_session(self.spec, self.options.master)
+        output = self._build_output(spark)
+        coordinator = CommitCoordinator(
+            store=self.store,
+            layout=self.paths.layout,
+            wal=WriteAheadLog(self.store, self.paths.layout),
+            targets=self.paths.targets,
+            control=self.control,
+            lease=lease,
+        )
+        checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
+        sequence = CommitSequence(initial_sequence(self.store, self.paths.layout, self.paths.targets))
+        report = recover(coordinator, checkpoint, sequence)
+        log.info("recovery: %s", report)
+        writer = BatchWriter(
+            BatchContext(
+                spec=self.spec,
+                layout=self.paths.layout,
+                coordinator=coordinator,
+                sequence=sequence,
+                checkpoint=checkpoint,
+                lease=lease,
+                output_columns=list(output.columns),
+            )
+        )
+        heartbeat = Heartbeat(self.control, lease, coordinator.facts)
+        heartbeat.start()
+        try:
+            self._run_query(output, writer, coordinator, checkpoint)
+        except BaseException as error:
+            heartbeat.stop("FAILED", reason=f"{type(error).__name__}: {error}")
+            raise
+        heartbeat.stop("STOPPED" if self._stop_requested.is_set() else "FINISHED")
+        return RunResult(
+            batches=writer.batches_seen,
+            last_committed_seq=coordinator.stats.last_seq,
+            recovery=report,
+            tables={name: t.location.uri for name, t in self.paths.targets.items()},
+            visibility_delays_ms=coordinator.stats.visibility_delays_ms,
+        )
+
+    def _build_output(self, spark: SparkSession) -> DataFrame:
+        transform = load_transform(self.spec, self.options.spec_dir)
+        output = transform(build_source(spark, self.spec.source))
+        check_sink_columns(self.spec, list(output.columns))
+        for sink in self.spec.sinks:
+            columns = list(sink.columns or output.columns)
+            ensure_table(self.paths.targets[sink.name], _arrow_schema(output, columns))
+        return output
+
+    def _run_query(
+        self,
+        output: DataFrame,
+        writer: BatchWriter,
+        coordinator: CommitCoordinator,
+        checkpoint: SparkCheckpoint,
+    ) -> None:
+        query = self._start_query(output, writer)
+        coordinator.start(checkpoint)
+        self._install_stop_signal(query)
+        try:
+            while query.isActive:
+                query.awaitTermination(0.25)
+                if coordinator.failure is not None:
+                    query.stop()
+                    raise coordinator.failure
+            failure = query.exception()
+            if failure is not None:
+                raise RuntimeError(f"streaming query failed: {failure}")
+            coordinator.drain()
+        finally:
+            coordinator.stop()
+
+    def _start_query(self, output: DataFrame, writer: BatchWriter) -> StreamingQuery:
+        stream = (
+            output.writeStream.queryName(f"streamkeeper-{self.spec.name}")
+            .foreachBatch(writer)
+            .outputMode(self.spec.output_mode)
+            .option("checkpointLocation", str(self.paths.checkpoint_dir))
+        )
+        if self.options.available_now:
+            stream = stream.trigger(availableNow=True)
+        else:
+            stream = stream.trigger(processingTime=f"{int(self.spec.checkpoint.interval * 1000)} milliseconds")
+        return stream.start()
+
+    def _install_stop_signal(self, query: StreamingQuery) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def request_stop(signum: int, _frame: object) -> None:
+            log.warning("signal %s: stopping at the next batch boundary", signum)
+            self._stop_requested.set()
+            threading.Thread(target=query.stop, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, request_stop)
+
+
+def run_job(spec: JobSpec, options: RunOptions) -> RunResult:
+    """Run `spec` until it finishes (available-now), is stopped, or fails."""
+    started = time.monotonic()
+    result = JobRunner(spec, options).run()
+    log.info("job %s ran %d batches in %.1fs", spec.name, result.batches, time.monotonic() - started)
+    return result
+
+
+def main_guard() -> None:
+    """Make the PySpark driver's own logging quiet enough to read."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -1,0 +1,268 @@
+"""The declarative job spec: one YAML file per job, validated on load.
+
+Checkpoint knobs carry Flink's names and meaning (see README, "Concepts"). Every
+validation error names the field, the bad value and the expected form.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from streamkeeper.errors import SpecError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+DeliveryMode = Literal["exactly_once", "idempotent", "at_least_once"]
+CheckpointMode = Literal["exactly_once", "at_least_once"]
+
+
+def parse_duration(value: Any) -> float:
+    """Parse '500ms', '2s', '1.5m', '1h' or a number of seconds into seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}; expected e.g. '500ms', '10s', '5m', '1h'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ValueError(
+                f"invalid duration {value!r}; expected e.g. '500ms', '10s', '5m', '1h'"
+            )
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds < 0:
+        raise ValueError(f"invalid duration {value!r}; it must not be negative")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StorageSpec(_Strict):
+    """Where durable things live: tables, the write-ahead log, the control plane."""
+
+    root: str = ".streamkeeper/data"
+    endpoint_url: str | None = None
+    region: str | None = None
+    allow_http: bool | None = None
+
+
+class SourceSpec(_Strict):
+    """A replayable source. `file` is Spark's file source over a directory."""
+
+    type: Literal["file", "rate"] = "file"
+    path: str | None = None
+    format: Literal["json", "csv", "parquet", "text"] = "json"
+    schema_ddl: str | None = Field(default=None, alias="schema")
+    options: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _file_needs_path_and_schema(self) -> SourceSpec:
+        if self.type == "file" and not self.path:
+            raise ValueError("source.path is required for a file source; set it to a directory")
+        if self.type == "file" and not self.schema_ddl:
+            raise ValueError(
+                "source.schema is required for a file source; "
+                "give a DDL string such as 'key STRING, value BIGINT'"
+            )
+        return self
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _stringify_options(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+
+class SinkSpec(_Strict):
+    """One target Delta table fed from the job's output stream."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
+    table: str | None = None
+    output: Literal["append", "merge"] = "append"
+    key: list[str] = Field(default_factory=list)
+    columns: list[str] | None = None
+    where: str | None = None
+    mode: DeliveryMode | None = None
+
+    @model_validator(mode="after")
+    def _merge_needs_key(self) -> SinkSpec:
+        if self.output == "merge" and not self.key:
+            raise ValueError(
+                f"sink {self.name!r} has output 'merge' but no key; list the key columns, "
+                "e.g. key: [customer_id]"
+            )
+        if self.columns is not None and self.key:
+            missing = [k for k in self.key if k not in self.columns]
+            if missing:
+                raise ValueError(f"sink {self.name!r}: key columns {missing} are not in columns")
+        return self
+
+
+class ExternalizedSpec(_Strict):
+    """Externalized checkpoints (Flink's ExternalizedCheckpointRetention)."""
+
+    enabled: bool = False
+    retention: Literal["retain_on_cancellation", "delete_on_cancellation"] = (
+        "retain_on_cancellation"
+    )
+    retained: Annotated[int, Field(ge=1)] = 3
+
+
+class CheckpointSpec(_Strict):
+    """Flink's checkpoint knobs, mapped onto Spark's micro-batches."""
+
+    dir: str | None = None
+    interval: Duration = 1.0
+    mode: CheckpointMode = "exactly_once"
+    timeout: Duration = 600.0
+    min_pause: Duration = 0.0
+    tolerable_failures: Annotated[int, Field(ge=0)] = 0
+    externalized: ExternalizedSpec = Field(default_factory=ExternalizedSpec)
+
+    @model_validator(mode="after")
+    def _positive_timeout(self) -> CheckpointSpec:
+        if self.timeout <= 0:
+            raise ValueError("checkpoint.timeout must be positive, e.g. '10m'")
+        return self
+
+
+class StateBackendSpec(_Strict):
+    """hdfs: Spark's HDFS-backed store (in memory, files on checkpoint); rocksdb: RocksDB."""
+
+    type: Literal["hdfs", "rocksdb"] = "hdfs"
+    changelog: bool = False
+
+    @model_validator(mode="after")
+    def _changelog_is_rocksdb_only(self) -> StateBackendSpec:
+        if self.changelog and self.type != "rocksdb":
+            raise ValueError(
+                "state_backend.changelog needs type 'rocksdb'; set type: rocksdb or drop changelog"
+            )
+        return self
+
+
+class SparkSpec(_Strict):
+    """Spark session settings for the job's driver."""
+
+    master: str = "local[*]"
+    shuffle_partitions: Annotated[int, Field(ge=1)] = 4
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class JobSpec(_Strict):
+    """A streaming job: source, transformation, sinks, checkpointing and state."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    lineage: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
+    source: SourceSpec
+    transform: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+    output_mode: Literal["append", "update", "complete"] = "update"
+    sinks: Annotated[list[SinkSpec], Field(min_length=1)]
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    state_backend: StateBackendSpec = Field(default_factory=StateBackendSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+    spark: SparkSpec = Field(default_factory=SparkSpec)
+
+    @property
+    def lineage_id(self) -> str:
+        """The job lineage: survives restarts, restores and upgrades (defaults to the name)."""
+        return self.lineage or self.name
+
+    @model_validator(mode="after")
+    def _unique_sinks(self) -> JobSpec:
+        names = [s.name for s in self.sinks]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"sink names must be unique; {duplicates} appear more than once")
+        return self
+
+    def sink_mode(self, sink: SinkSpec) -> DeliveryMode:
+        """A sink's delivery mode: its own, else the checkpoint mode."""
+        return sink.mode or self.checkpoint.mode
+
+
+def _format_validation_error(source: str, error: ValidationError) -> str:
+    lines = [f"invalid job spec {source}:"]
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "<root>"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown field; remove it or check its spelling"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        given = item.get("input")
+        shown = f" (got {given!r})" if item["type"] not in ("missing",) and not isinstance(
+            given, dict
+        ) else ""
+        lines.append(f"  {field}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
+    """Validate a spec given as a mapping.
+
+    Args:
+        data: the parsed YAML document.
+        source: where it came from, for error messages.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        SpecError: naming every bad field and the fix.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(f"invalid job spec {source}: expected a mapping at the top level, got {data!r}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(_format_validation_error(source, error)) from None
+
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
+    """Load and validate a job spec file, applying dotted-key overrides (e.g. storage.root).
+
+    Raises:
+        SpecError: the file is missing, not YAML, or not a valid spec.
+    """
+    spec_path = Path(path)
+    if not spec_path.is_file():
+        raise SpecError(f"job spec {str(path)!r} not found; pass the path to a job's YAML file")
+    try:
+        data = yaml.safe_load(spec_path.read_text())
+    except yaml.YAMLError as error:
+        raise SpecError(f"job spec {str(path)!r} is not valid YAML: {error}") from None
+    if isinstance(data, dict):
+        for dotted, value in (overrides or {}).items():
+            _set_dotted(data, dotted, value)
+    return parse_spec(data, source=repr(str(path)))
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SpecError(f"override {dotted!r}: {part!r} is not a mapping in the spec")
+    node[leaf] = value
