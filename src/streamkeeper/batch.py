@@ -103,6 +103,7 @@ class BatchWriter:
         ]
         if in_batch:
             ctx.coordinator.commit_sinks(manifest, in_batch)
+        crashpoints.reached("batch_after_commit")
         ctx.coordinator.submit(manifest)
         self.batches_seen += 1
 

@@ -136,6 +136,9 @@ class CommitCoordinator:
                 "epoch": self.lease.epoch,
                 "versions": versions,
                 "rows": {name: part.rows for name, part in manifest.sinks.items()},
+                "writers": sorted(
+                    {f.writer for part in manifest.sinks.values() for f in part.files}
+                ),
                 "committed_at": committed_at,
                 "visibility_delay_ms": delay_ms,
             },

@@ -13,6 +13,7 @@ import signal
 POINTS = (
     "batch_before_manifest",  # executors wrote pre-commit files, manifest not yet written
     "batch_after_manifest",  # manifest written, batch not yet returned to Spark (no commits/N)
+    "batch_after_commit",  # in-batch sinks (idempotent, at_least_once) committed, no commits/N
     "before_delta_commit",  # commits/N exists, no table committed yet
     "between_table_commits",  # first table committed, the next not yet
     "before_commit_marker",  # every table committed, commit marker not yet written

@@ -89,7 +89,7 @@ def _discard(coordinator: CommitCoordinator, manifest: Manifest) -> bool:
 
 
 def _table_files(target: TableTarget) -> set[str]:
-    return {Path(f).name for f in target.open().files()}
+    return {Path(f).name for f in target.open().file_uris()}
 
 
 def _delete_unreferenced(target: TableTarget, part: SinkBatch) -> None:

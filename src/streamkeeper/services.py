@@ -32,12 +32,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Self
 
 __all__ = [
     "HOST",
@@ -171,7 +171,7 @@ class LocalService:
         self._pgid: int | None = None
         self._started_at = 0.0
 
-    def start(self) -> LocalService:
+    def start(self) -> Self:
         """Start the process in a new session (and so a new process group).
 
         Returns:
@@ -184,7 +184,7 @@ class LocalService:
             raise RuntimeError(f"{self.name} already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(  # noqa: S603 - argv is ours
+            self.process = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -269,7 +269,7 @@ class LocalService:
                 ok = bool(check())
             except ServiceError:
                 raise
-            except Exception:  # noqa: BLE001 - any probe error means not ready
+            except Exception:  # any probe error means "not ready yet"
                 ok = False
             if ok:
                 self.ready_seconds = time.monotonic() - self._started_at
@@ -285,8 +285,10 @@ class LocalService:
         """Stop the process group this object started.
 
         Sends SIGTERM to the group, waits up to ``grace`` seconds for the
-        process to exit, then sends SIGKILL to the group. Safe to call more
-        than once.
+        process to exit, then sends SIGKILL to the group. Only the group
+        created by ``start`` is signalled (its id is the started process's
+        pid, which the kernel does not hand out again while any member of
+        the group lives). Safe to call more than once.
 
         Args:
             grace: Seconds to wait between SIGTERM and SIGKILL.
@@ -310,7 +312,7 @@ class LocalService:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
 
-    def __enter__(self) -> LocalService:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -331,7 +333,7 @@ class _Stoppable:
     def stop(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def __enter__(self):  # noqa: ANN204 - returns the concrete subclass
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -396,7 +398,7 @@ class SeaweedFS(_Stoppable):
             "AWS_ALLOW_HTTP": "true",
         }
 
-    def client(self, access_key: str | None = None, secret_key: str | None = None):  # noqa: ANN201
+    def client(self, access_key: str | None = None, secret_key: str | None = None) -> Any:
         """Return a boto3 S3 client for this server.
 
         Args:
@@ -417,7 +419,7 @@ class SeaweedFS(_Stoppable):
         self.service.stop()
 
 
-def _s3_client(endpoint_url: str, access_key: str, secret_key: str):  # noqa: ANN202
+def _s3_client(endpoint_url: str, access_key: str, secret_key: str) -> Any:
     import boto3
     from botocore.config import Config
 
@@ -492,6 +494,8 @@ def start_seaweedfs(
     last_error: ServiceError | None = None
     for _ in range(attempts):
         s3_port = port if port is not None else _pick_seaweedfs_port()
+        if not 1024 <= s3_port <= _SEAWEED_MAX_PORT:
+            raise ValueError(f"SeaweedFS S3 port must be in 1024..{_SEAWEED_MAX_PORT}")
         service = LocalService(
             "seaweedfs",
             [str(infra_dir() / "seaweedfs.sh"), str(data_dir), str(s3_port), bucket],
@@ -583,13 +587,39 @@ class SparkStandalone(_Stoppable):
 
     def state(self) -> dict[str, object]:
         """Return the master's cluster state (its ``/json/`` document)."""
-        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=2) as resp:  # noqa: S310
+        with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=2) as resp:
             return json.loads(resp.read().decode("utf-8"))
 
     def stop(self) -> None:
         """Stop the worker, then the master."""
         self.worker.stop()
         self.master.stop()
+
+
+def _spark_status(cluster: SparkStandalone) -> tuple[bool, int]:
+    """Return (master is ALIVE, number of ALIVE workers)."""
+    state = cluster.state()
+    workers = state.get("workers", [])
+    alive = (
+        [w for w in workers if isinstance(w, dict) and w.get("state") == "ALIVE"]
+        if isinstance(workers, list)
+        else []
+    )
+    return state.get("status") == "ALIVE", len(alive)
+
+
+def _spark_worker_probe(cluster: SparkStandalone) -> Callable[[], bool]:
+    """Probe: the master is ALIVE with at least one ALIVE worker."""
+
+    def check() -> bool:
+        worker = cluster.worker
+        if not worker.is_running():
+            code = worker.process.poll() if worker.process else None
+            raise worker.failure(f"exited with code {code}")
+        master_alive, workers = _spark_status(cluster)
+        return master_alive and workers >= 1
+
+    return check
 
 
 def start_spark_standalone(
@@ -653,19 +683,14 @@ def start_spark_standalone(
         work_dir=work_dir,
     )
     try:
+        # Start the worker once the master's RPC port is open: a worker that
+        # cannot reach the master backs off 5-15 s before it tries again. (The
+        # master turns ALIVE about a second after binding the port, while the
+        # worker's JVM needs several seconds before it first connects.)
+        master.wait_until_ready(lambda: _tcp_connects(port), timeout=timeout)
         cluster.worker.start()
-
-        def one_alive_worker() -> bool:
-            if not cluster.worker.is_running():
-                code = cluster.worker.process.poll() if cluster.worker.process else None
-                raise cluster.worker.failure(f"exited with code {code}")
-            state = cluster.state()
-            workers = state.get("workers", [])
-            alive = [w for w in workers if isinstance(w, dict) and w.get("state") == "ALIVE"]
-            return state.get("status") == "ALIVE" and len(alive) >= 1
-
         try:
-            master.wait_until_ready(one_alive_worker, timeout=timeout)
+            master.wait_until_ready(_spark_worker_probe(cluster), timeout=timeout)
         except ServiceError as exc:
             raise ServiceError(
                 f"{exc}\n--- last lines of {cluster.worker.log_path} ---\n"
@@ -689,7 +714,8 @@ class NatsServer(_Stoppable):
     Attributes:
         service: The managed process.
         port: Client port on 127.0.0.1.
-        data_dir: JetStream storage directory.
+        data_dir: Server directory: ``nats.log`` and the JetStream store
+            ``jetstream/``.
     """
 
     service: LocalService
@@ -723,8 +749,8 @@ def start_nats(
     """Start ``nats-server`` with JetStream on 127.0.0.1.
 
     Args:
-        data_dir: JetStream storage directory (created if missing); the log
-            is ``data_dir/nats.log``.
+        data_dir: Server directory (created if missing): the log is
+            ``data_dir/nats.log``, the JetStream store ``data_dir/jetstream``.
         port: Client port; a free one by default (a start that loses a
             port race is retried with another port).
         timeout: Seconds to wait for the port to accept connections.

@@ -259,10 +259,19 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobS
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    node = data
+    """Set `a.b.c` (list items by index, e.g. `sinks.0.mode`) in a parsed spec."""
+    node: Any = data
     *parents, leaf = dotted.split(".")
     for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise SpecError(f"override {dotted!r}: {part!r} is not a mapping in the spec")
-    node[leaf] = value
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node.setdefault(part, {})
+        else:
+            raise SpecError(f"override {dotted!r}: {part!r} is not a field of the spec")
+    if isinstance(node, list) and leaf.isdigit() and int(leaf) < len(node):
+        node[int(leaf)] = value
+    elif isinstance(node, dict):
+        node[leaf] = value
+    else:
+        raise SpecError(f"override {dotted!r}: {leaf!r} is not a field of the spec")

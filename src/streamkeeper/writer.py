@@ -139,7 +139,8 @@ def make_partition_writer(
         from pyspark import TaskContext
 
         context = TaskContext.get()
-        writer_id = f"stage{context.stageId() if context else '?'}-pid{os.getpid()}"
+        stage = context.stageId() if context else "?"
+        writer_id = f"{_owning_jvm()}/stage{stage}/pid{os.getpid()}"
         open_files: dict[str, _OpenFile] = {}
         for batch in batches:
             table = pa.Table.from_batches([batch])
@@ -157,6 +158,20 @@ def make_partition_writer(
         yield pa.RecordBatch.from_pylist(rows, schema=_result_arrow_schema())
 
     return write_partition
+
+
+def _owning_jvm() -> str:
+    """'executor-<id>' when a cluster executor runs this task, else 'driver' (local mode)."""
+    import psutil
+
+    try:
+        for process in psutil.Process().parents():
+            command = process.cmdline()
+            if any("CoarseGrainedExecutorBackend" in part for part in command):
+                return f"executor-{command[command.index('--executor-id') + 1]}"
+    except (psutil.Error, ValueError, IndexError):
+        return "unknown"
+    return "driver"
 
 
 def _result_arrow_schema() -> pa.Schema:

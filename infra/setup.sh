@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv with the pinned requirements and the streamkeeper package (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+if ! command -v java >/dev/null; then
+  echo "error: Java 17 is required by Spark; install it (e.g. apt-get install openjdk-17-jre-headless)" >&2
+  exit 1
+fi
+VENV="${STREAMKEEPER_VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+STAMP="$VENV/.requirements.sha256"
+WANT="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r requirements.txt
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e .
+  echo "$WANT" > "$STAMP"
+fi
+export SPARK_LOCAL_IP=127.0.0.1

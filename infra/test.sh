@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up, lint, then run every test (unit, integration with real services, chaos).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash infra/setup.sh
+VENV="${STREAMKEEPER_VENV:-.venv}"
+export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/$VENV/bin/python"
+"$VENV/bin/ruff" check src tests benchmarks jobs
+"$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

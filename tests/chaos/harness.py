@@ -1,0 +1,217 @@
+"""Crash harness: run the sample job as a real driver process and SIGKILL it.
+
+Kills come two ways: at named protocol points (`STREAMKEEPER_CRASH_AT`, the driver
+kills itself) and at random instants (the harness kills the driver's process group).
+After every kill the tables are checked against the reference: each must equal the
+result of some prefix of the input that the checkpoint has completed, so nothing is
+duplicated, nothing is partial, and output is never ahead of state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamkeeper.checkpoint import SparkCheckpoint
+from streamkeeper.reader import read_table_rows
+from streamkeeper.storage import Location, S3Settings
+from streamkeeper.writer import seq_of_data_file
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
+
+
+class InvariantViolation(AssertionError):
+    """A table holds something no completed checkpoint can explain."""
+
+
+@dataclass
+class ChaosJob:
+    """One sample job under test: its files, its root and its checkpoint."""
+
+    workdir: Path
+    root: str
+    event_files: list[Path]
+    sink_mode: str = "exactly_once"
+    env: dict[str, str] = field(default_factory=dict)
+    kills: int = 0
+    runs: int = 0
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.workdir / "checkpoint"
+
+    def _command(self) -> list[str]:
+        command = [
+            sys.executable, "-m", "streamkeeper", "run", str(SAMPLE_SPEC), "--available-now",
+            "--root", self.root, "--checkpoint-dir", str(self.checkpoint_dir),
+            "--set", f"source.path={self.event_files[0].parent}",
+            "--set", "spark.master=local[2]", "--set", "spark.shuffle_partitions=2",
+        ]
+        if self.sink_mode != "exactly_once":
+            command += ["--set", f"checkpoint.mode={self.sink_mode}"]
+        return command
+
+    def _environment(self, crash_at: str | None) -> dict[str, str]:
+        env = {**os.environ, **self.env, "STREAMKEEPER_SPARK_LOG_LEVEL": "ERROR"}
+        env.pop("STREAMKEEPER_CRASH_AT", None)
+        if crash_at:
+            env["STREAMKEEPER_CRASH_AT"] = crash_at
+        return env
+
+    def run(self, *, crash_at: str | None = None, kill_after: float | None = None,
+            timeout: float = 300.0) -> str:
+        """Run the driver once. Returns 'killed' or 'finished'; raises if it failed."""
+        self.runs += 1
+        log_path = self.workdir / f"run-{self.runs:03d}.log"
+        with open(log_path, "wb") as log_file:
+            process = subprocess.Popen(
+                self._command(), env=self._environment(crash_at), stdout=log_file,
+                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir,
+            )
+            try:
+                code = process.wait(timeout=kill_after if kill_after is not None else timeout)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                # The driver's JVM lives in the same new session: end the whole group we made.
+                _kill_group(process)
+        if code is None:
+            code = -signal.SIGKILL
+        outcome = "killed" if code == -signal.SIGKILL else ("finished" if code == 0 else "failed")
+        self.log.append(f"run {self.runs}: crash_at={crash_at} kill_after={kill_after} -> {outcome}")
+        if outcome == "failed":
+            raise RuntimeError(f"driver failed with exit {code}; log:\n{log_path.read_text()[-4000:]}")
+        if outcome == "killed":
+            self.kills += 1
+        return outcome
+
+    # -- checks ------------------------------------------------------------------------
+
+    def _location(self, sink: str) -> Location:
+        root = Location(self.root, S3Settings.from_env() if self.root.startswith("s3://") else None)
+        return root.child(f"tables/{sink}")
+
+    def table_rows(self, sink: str) -> list[dict]:
+        location = self._location(sink)
+        try:
+            return read_table_rows(location.uri, location=location)
+        except Exception as error:  # noqa: BLE001 - a table that does not exist yet is empty
+            if "no log files" in str(error).lower() or "not a delta table" in str(error).lower():
+                return []
+            raise
+
+    def completed_batches(self) -> int:
+        latest = SparkCheckpoint(self.checkpoint_dir).latest_complete()
+        return 0 if latest is None else latest + 1
+
+    def batch_files(self) -> list[list[Path]]:
+        """The input files of each completed batch, as the checkpoint recorded them.
+
+        A batch can hold more than one file after a restart (the file source had logged
+        a file before the kill), so the reference follows the recorded batching.
+        """
+        checkpoint = self.checkpoint_dir
+        by_log_offset: dict[int, list[str]] = {}
+        for entry_file in sorted((checkpoint / "sources" / "0").glob("[0-9]*")):
+            for line in entry_file.read_text().splitlines()[1:]:
+                if line.strip():
+                    entry = json.loads(line)
+                    by_log_offset.setdefault(entry["batchId"], []).append(entry["path"])
+        batches, previous = [], -1
+        for batch in range(self.completed_batches()):
+            lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+            log_offset = json.loads(lines[2])["logOffset"]
+            names = sorted(
+                {Path(p).name for o in range(previous + 1, log_offset + 1) for p in by_log_offset[o]}
+            )
+            batches.append([self.event_files[0].parent / name for name in names])
+            previous = log_offset
+        return batches
+
+    def reference_after(self, batches: list[list[Path]]) -> tuple[dict, list]:
+        """Totals and the changelog after the given batches, one update per batch and key."""
+        from streamkeeper.sample_events import read_events
+
+        counts: dict[str, int] = {}
+        sums: dict[str, int] = {}
+        changes = []
+        for files in batches:
+            touched = set()
+            for path in files:
+                for event in read_events(path):
+                    counts[event["key"]] = counts.get(event["key"], 0) + 1
+                    sums[event["key"]] = sums.get(event["key"], 0) + event["value"]
+                    touched.add(event["key"])
+            changes.extend((k, counts[k], sums[k]) for k in touched)
+        return {k: (counts[k], sums[k]) for k in counts}, sorted(changes)
+
+    def check_invariants(self) -> tuple[int, int]:
+        """Each table equals the reference after some prefix of the completed batches.
+
+        Returns:
+            How many batches the totals and changes tables reflect.
+        """
+        batches = self.batch_files()
+        totals = {r["key"]: (r["events"], r["total"]) for r in self.table_rows("totals")}
+        changes = sorted((r["key"], r["events"], r["total"]) for r in self.table_rows("changes"))
+        totals_at = changes_at = None
+        for prefix in range(len(batches) + 1):
+            expected_totals, expected_changes = self.reference_after(batches[:prefix])
+            if totals_at is None and totals == expected_totals:
+                totals_at = prefix
+            if changes_at is None and changes == expected_changes:
+                changes_at = prefix
+        if totals_at is None or changes_at is None:
+            raise InvariantViolation(
+                f"tables match no prefix of the {len(batches)} completed batches (totals at "
+                f"{totals_at}, changes at {changes_at}; {len(changes)} change rows): either "
+                f"duplicated, partial, or ahead of the checkpoint; history: {self.log}"
+            )
+        return totals_at, changes_at
+
+    def unreferenced_files(self) -> list[str]:
+        """Our data files in the append table's folder that the table does not reference."""
+        import pyarrow.fs as pafs
+
+        from streamkeeper.delta_tables import TableTarget
+
+        location = self._location("changes")
+        target = TableTarget("changes", location, "", "")
+        referenced = {Path(f).name for f in target.open().file_uris()}
+        infos = location.arrow_filesystem().get_file_info(
+            pafs.FileSelector(location.fs_path, allow_not_found=True)
+        )
+        return [
+            i.base_name for i in infos
+            if seq_of_data_file(i.base_name) is not None and i.base_name not in referenced
+        ]
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+    # Give the JVM a moment to release its files before the next driver starts.
+    time.sleep(0.2)
+
+
+def crash_schedule(points: list[str], repeats: int, random_kills: int, seed: int) -> list[tuple]:
+    """A shuffled list of ('point', 'name:n') and ('random', seconds) kills."""
+    rng = random.Random(seed)
+    schedule: list[tuple] = [
+        ("point", f"{point}:{rng.randint(1, 2)}") for point in points for _ in range(repeats)
+    ]
+    schedule += [("random", rng.uniform(7.0, 14.0)) for _ in range(random_kills)]
+    rng.shuffle(schedule)
+    return schedule
