@@ -64,6 +64,8 @@ class BatchWriter:
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         ctx = self.ctx
+        # A fenced runner must not even pre-commit: its batch fails and the query stops.
+        ctx.coordinator.control.check_not_fenced(ctx.lease)
         query_id = ctx.checkpoint.query_id() or "unknown"
         seq = ctx.sequence.for_batch(query_id, batch_id)
         previous = ctx.coordinator.wal.read(seq)

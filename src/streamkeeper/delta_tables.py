@@ -62,8 +62,8 @@ def ensure_table(target: TableTarget, schema: pa.Schema) -> None:
     except TableNotFoundError:
         DeltaTable.create(target.location.uri, schema=schema, storage_options=options)
         return
-    actual = {f.name: str(f.type) for f in table.schema().fields}
-    wanted = {name: str(kind) for name, kind in _delta_types(schema).items()}
+    actual = {f.name: _type_name(f.type) for f in table.schema().fields}
+    wanted = _delta_types(schema)
     if actual != wanted:
         differences = sorted(
             f"{name}: table has {actual.get(name, 'no such column')}, "
@@ -78,10 +78,15 @@ def ensure_table(target: TableTarget, schema: pa.Schema) -> None:
         )
 
 
-def _delta_types(schema: pa.Schema) -> dict[str, object]:
+def _delta_types(schema: pa.Schema) -> dict[str, str]:
     from deltalake import Schema
 
-    return {f.name: f.type for f in Schema.from_arrow(schema).fields}
+    return {f.name: _type_name(f.type) for f in Schema.from_arrow(schema).fields}
+
+
+def _type_name(delta_type: object) -> str:
+    """'string' rather than 'PrimitiveType("string")' in messages."""
+    return str(getattr(delta_type, "type", delta_type))
 
 
 def _is_retryable(error: BaseException) -> bool:
@@ -176,7 +181,8 @@ class TableCommitter:
 
     def _merge(self, table: DeltaTable, part: SinkBatch, seq: int) -> None:
         rows = read_staged_rows(part, self.target.location)
-        predicate = " AND ".join(f"t.{k} = s.{k}" for k in part.key)
+        # A null key is one key, as in a GROUP BY: `=` would insert it again every batch.
+        predicate = " AND ".join(f"t.{k} IS NOT DISTINCT FROM s.{k}" for k in part.key)
         (
             table.merge(
                 rows,

@@ -130,34 +130,37 @@ class JobRunner:
     def run(self) -> RunResult:
         probe(self.paths.root)
         lease = self.control.acquire(takeover=self.options.takeover)
-        spark = build_session(self.spec, self.options.master)
-        output = self._build_output(spark)
-        coordinator = CommitCoordinator(
-            store=self.store,
-            layout=self.paths.layout,
-            wal=WriteAheadLog(self.store, self.paths.layout),
-            targets=self.paths.targets,
-            control=self.control,
-            lease=lease,
-        )
-        checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
-        sequence = CommitSequence(initial_sequence(self.store, self.paths.layout, self.paths.targets))
-        report = recover(coordinator, checkpoint, sequence)
-        log.info("recovery: %s", report)
-        writer = BatchWriter(
-            BatchContext(
-                spec=self.spec,
-                layout=self.paths.layout,
-                coordinator=coordinator,
-                sequence=sequence,
-                checkpoint=checkpoint,
-                lease=lease,
-                output_columns=list(output.columns),
-            )
-        )
-        heartbeat = Heartbeat(self.control, lease, coordinator.facts)
+        coordinator: CommitCoordinator | None = None
+        heartbeat = Heartbeat(self.control, lease, lambda: coordinator.facts() if coordinator else {})
         heartbeat.start()
         try:
+            spark = build_session(self.spec, self.options.master)
+            output = self._build_output(spark)
+            coordinator = CommitCoordinator(
+                store=self.store,
+                layout=self.paths.layout,
+                wal=WriteAheadLog(self.store, self.paths.layout),
+                targets=self.paths.targets,
+                control=self.control,
+                lease=lease,
+            )
+            checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
+            sequence = CommitSequence(
+                initial_sequence(self.store, self.paths.layout, self.paths.targets)
+            )
+            report = recover(coordinator, checkpoint, sequence)
+            log.info("recovery: %s", report)
+            writer = BatchWriter(
+                BatchContext(
+                    spec=self.spec,
+                    layout=self.paths.layout,
+                    coordinator=coordinator,
+                    sequence=sequence,
+                    checkpoint=checkpoint,
+                    lease=lease,
+                    output_columns=list(output.columns),
+                )
+            )
             self._run_query(output, writer, coordinator, checkpoint)
         except BaseException as error:
             heartbeat.stop("FAILED", reason=f"{type(error).__name__}: {error}")

@@ -258,9 +258,19 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobS
     return parse_spec(data, source=repr(str(path)))
 
 
+_MAPPING_FIELDS = ("spark.conf", "source.options")
+
+
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     """Set `a.b.c` (list items by index, e.g. `sinks.0.mode`) in a parsed spec."""
     node: Any = data
+    for mapping_field in _MAPPING_FIELDS:  # their keys hold dots: spark.conf.spark.sql.x
+        if dotted.startswith(mapping_field + "."):
+            section, name = mapping_field.split(".")
+            data.setdefault(section, {}).setdefault(name, {})[
+                dotted[len(mapping_field) + 1 :]
+            ] = value
+            return
     *parents, leaf = dotted.split(".")
     for part in parents:
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):

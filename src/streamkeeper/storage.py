@@ -240,11 +240,13 @@ class LocalStore(ObjectStore):
 class S3Store(ObjectStore):
     """Objects below s3://bucket/prefix through boto3."""
 
-    def __init__(self, location: Location) -> None:
+    def __init__(self, location: Location, *, fail_fast: bool = False) -> None:
         import boto3
         from botocore.config import Config
 
         s3 = location.s3 or S3Settings()
+        # A probe must answer in seconds; data-path calls ride out short outages.
+        attempts = 1 if fail_fast else 5
         self.location = location
         self.bucket = location.bucket
         self.prefix = location.key_prefix
@@ -255,9 +257,9 @@ class S3Store(ObjectStore):
             aws_access_key_id=s3.access_key,
             aws_secret_access_key=s3.secret_key,
             config=Config(
-                connect_timeout=5,
-                read_timeout=30,
-                retries={"max_attempts": 4, "mode": "standard"},
+                connect_timeout=2 if fail_fast else 5,
+                read_timeout=10 if fail_fast else 30,
+                retries={"total_max_attempts": attempts, "mode": "standard"},
             ),
         )
 
@@ -328,11 +330,16 @@ def probe(location: Location) -> None:
 
     Writes and deletes one small object below the location.
     """
-    store = location.store()
     key = f"_probe/{uuid.uuid4().hex}.json"
     try:
+        store = S3Store(location, fail_fast=True) if location.is_s3 else location.store()
+        if isinstance(store, S3Store):
+            # Some servers create a missing bucket on PUT; a typo must not do that.
+            store.client.head_bucket(Bucket=store.bucket)
         store.write_json(key, {"probe": True})
         store.delete([key])
+        if isinstance(store, LocalStore):
+            (store.root / "_probe").rmdir()
     except Exception as error:  # noqa: BLE001 - translated into an actionable message
         raise StorageError(_explain_storage_failure(location, error)) from error
 

@@ -85,7 +85,7 @@ class Manifest:
                 sinks=sinks,
                 created_at=data["created_at"],
             )
-        except (KeyError, TypeError, ValueError) as error:
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise CorruptManifestError(
                 f"WAL manifest {source} is corrupt ({type(error).__name__}: {error}); "
                 "inspect it, and delete it only if its batch's checkpoint never completed"
@@ -103,18 +103,26 @@ class WriteAheadLog:
         self.store.write_json(self.layout.manifest(manifest.seq), manifest.to_json())
 
     def read(self, seq: int) -> Manifest | None:
-        key = self.layout.manifest(seq)
-        data = self.store.read_json(key)
-        return None if data is None else self._parse(data, key)
+        return self._load(self.layout.manifest(seq))
 
     def pending(self) -> list[Manifest]:
         """Every manifest not yet retired, in commit-sequence order."""
-        manifests = []
-        for key in self.store.list(self.layout.manifests):
+        manifests = [self._load(key) for key in self.store.list(self.layout.manifests)]
+        return sorted((m for m in manifests if m is not None), key=lambda m: m.seq)
+
+    def _load(self, key: str) -> Manifest | None:
+        try:
             data = self.store.read_json(key)
-            if data is not None:
-                manifests.append(self._parse(data, key))
-        return sorted(manifests, key=lambda m: m.seq)
+        except ValueError as error:
+            raise CorruptManifestError(
+                f"WAL manifest {key} is not valid JSON ({error}); inspect it, and delete it "
+                "only if its batch's checkpoint never completed"
+            ) from None
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise CorruptManifestError(f"WAL manifest {key} is not a JSON object; inspect it")
+        return self._parse(data, key)
 
     def pending_seqs(self) -> list[int]:
         return [seq_of(k) for k in self.store.list(self.layout.manifests)]
