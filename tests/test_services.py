@@ -79,6 +79,26 @@ def test_local_service_timeout_names_log_and_stop_kills_group(tmp_path: Path) ->
     assert _live_group_members(service.pid) == []  # type: ignore[arg-type]
 
 
+def _listen_addresses(pgid: int) -> set[str]:
+    """Local IPs of the listening TCP sockets of processes in group ``pgid``."""
+    import psutil
+
+    addresses: set[str] = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) != pgid:
+                continue
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    addresses.add(conn.laddr.ip)
+        except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return addresses
+
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
+
+
 def _live_group_members(pgid: int, settle: float = 5.0) -> list[int]:
     """Pids of non-zombie processes in group ``pgid`` (after letting them die)."""
     import psutil
@@ -119,6 +139,7 @@ def seaweedfs(tmp_path: Path) -> Iterator[SeaweedFS]:
         yield server
     finally:
         server.stop()
+    assert _live_group_members(server.service.pid) == []  # type: ignore[arg-type]
 
 
 @pytest.mark.s3
@@ -175,6 +196,8 @@ def test_seaweedfs_env_and_binding(seaweedfs: SeaweedFS) -> None:
     # Internal ports derive from the S3 port (infra/seaweedfs.sh).
     for offset in (1, 2, 3, 8, 10001, 10002, 10003, 10007, 10008):
         assert _listening(seaweedfs.port + offset), offset
+    addresses = _listen_addresses(seaweedfs.service.pid)  # type: ignore[arg-type]
+    assert addresses and addresses <= LOOPBACK
 
 
 @pytest.mark.s3
@@ -230,6 +253,8 @@ def spark_cluster(tmp_path: Path) -> Iterator[SparkStandalone]:
         yield cluster
     finally:
         cluster.stop()
+    for service in (cluster.master, cluster.worker):
+        assert _live_group_members(service.pid) == []  # type: ignore[arg-type]
 
 
 @pytest.mark.cluster
@@ -239,6 +264,9 @@ def test_spark_standalone_runs_a_job(
     from pyspark.sql import SparkSession
 
     assert spark_cluster.master_url == f"spark://127.0.0.1:{spark_cluster.port}"
+    for service in (spark_cluster.master, spark_cluster.worker):
+        addresses = _listen_addresses(service.pid)  # type: ignore[arg-type]
+        assert addresses and addresses <= LOOPBACK
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     spark = (
@@ -275,12 +303,15 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+    assert _live_group_members(server.service.pid) == []  # type: ignore[arg-type]
 
 
 def test_nats_jetstream_publish_fetch(nats_server: NatsServer) -> None:
     import nats
 
     assert nats_server.url == f"nats://127.0.0.1:{nats_server.port}"
+    addresses = _listen_addresses(nats_server.service.pid)  # type: ignore[arg-type]
+    assert addresses and addresses <= LOOPBACK
 
     async def scenario() -> list[bytes]:
         nc = await nats.connect(nats_server.url, connect_timeout=5, max_reconnect_attempts=0)
@@ -299,3 +330,21 @@ def test_nats_jetstream_publish_fetch(nats_server: NatsServer) -> None:
 
     assert asyncio.run(scenario()) == [b"payload-1"]
     assert (nats_server.data_dir / "jetstream").is_dir()
+
+
+@pytest.mark.s3
+def test_seaweedfs_readiness_probe_creates_missing_bucket(seaweedfs: SeaweedFS) -> None:
+    from dataclasses import replace
+
+    from streamkeeper.services import _bucket_probe
+
+    late = replace(seaweedfs, bucket="late-bucket")
+    probe = _bucket_probe(late, create_after=0.2)
+    deadline = time.monotonic() + 10
+    while not probe():
+        assert time.monotonic() < deadline, "bucket was not created"
+        time.sleep(0.1)
+    names = {b["Name"] for b in seaweedfs.client().list_buckets()["Buckets"]}
+    assert names == {BUCKET, "late-bucket"}
+    # With a wrong secret the probe never succeeds (and never creates anything).
+    assert not _bucket_probe(replace(seaweedfs, bucket="x-bucket", secret_key="bad"), 0)()

@@ -97,6 +97,10 @@ class BatchWriter:
             },
         )
         ctx.coordinator.wal.write(manifest)
+        log.info(
+            "batch %d pre-committed as seq %d: %s", batch_id, seq,
+            {name: part.rows for name, part in manifest.sinks.items()},
+        )
         crashpoints.reached("batch_after_manifest")
         in_batch = [
             name

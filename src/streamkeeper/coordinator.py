@@ -144,6 +144,7 @@ class CommitCoordinator:
             },
         )
         self.wal.retire(manifest.seq)
+        log.info("batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions)
         self.stats.last_seq = manifest.seq
         self.stats.last_batch = manifest.batch_id
         self.stats.committed += 1

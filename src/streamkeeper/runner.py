@@ -135,7 +135,9 @@ class JobRunner:
         heartbeat.start()
         try:
             spark = build_session(self.spec, self.options.master)
+            log.info("spark session ready (master %s)", spark.sparkContext.master)
             output = self._build_output(spark)
+            log.info("tables ready: %s", {n: t.location.uri for n, t in self.paths.targets.items()})
             coordinator = CommitCoordinator(
                 store=self.store,
                 layout=self.paths.layout,

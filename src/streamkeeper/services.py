@@ -330,7 +330,7 @@ class LocalService:
 class _Stoppable:
     """Context-manager support for the service handles below."""
 
-    def stop(self) -> None:  # pragma: no cover - overridden
+    def stop(self, grace: float = 15.0) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def __enter__(self) -> Self:
@@ -414,9 +414,13 @@ class SeaweedFS(_Stoppable):
             secret_key if secret_key is not None else self.secret_key,
         )
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after a grace period)."""
-        self.service.stop()
+    def stop(self, grace: float = 15.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace`` seconds).
+
+        Args:
+            grace: Seconds to wait between SIGTERM and SIGKILL.
+        """
+        self.service.stop(grace)
 
 
 def _s3_client(endpoint_url: str, access_key: str, secret_key: str) -> Any:
@@ -590,10 +594,14 @@ class SparkStandalone(_Stoppable):
         with urllib.request.urlopen(f"{self.webui_url}/json/", timeout=2) as resp:
             return json.loads(resp.read().decode("utf-8"))
 
-    def stop(self) -> None:
-        """Stop the worker, then the master."""
-        self.worker.stop()
-        self.master.stop()
+    def stop(self, grace: float = 15.0) -> None:
+        """Stop the worker, then the master (SIGTERM, then SIGKILL).
+
+        Args:
+            grace: Seconds to wait between SIGTERM and SIGKILL, per process.
+        """
+        self.worker.stop(grace)
+        self.master.stop(grace)
 
 
 def _spark_status(cluster: SparkStandalone) -> tuple[bool, int]:
@@ -732,9 +740,13 @@ class NatsServer(_Stoppable):
         """Seconds the server took to accept TCP connections."""
         return self.service.ready_seconds
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after a grace period)."""
-        self.service.stop()
+    def stop(self, grace: float = 15.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace`` seconds).
+
+        Args:
+            grace: Seconds to wait between SIGTERM and SIGKILL.
+        """
+        self.service.stop(grace)
 
 
 def _nats_probe(service: LocalService, port: int) -> Callable[[], bool]:
