@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 from streamkeeper import crashpoints
 from streamkeeper.checkpoint import SparkCheckpoint
-from streamkeeper.coordinator import CommitCoordinator, CommitSequence
 from streamkeeper.control import Lease
+from streamkeeper.coordinator import CommitCoordinator, CommitSequence
 from streamkeeper.errors import SpecError
 from streamkeeper.layout import LineageLayout
+from streamkeeper.pacing import MinPause
 from streamkeeper.spec import JobSpec, SinkSpec
 from streamkeeper.wal import DataFile, Manifest, SinkBatch
 from streamkeeper.writer import RESULT_SCHEMA, SinkWritePlan, make_partition_writer
@@ -61,9 +62,11 @@ class BatchWriter:
     def __init__(self, context: BatchContext) -> None:
         self.ctx = context
         self.batches_seen = 0
+        self.min_pause = MinPause(context.spec.checkpoint.min_pause)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         ctx = self.ctx
+        self.min_pause.before_batch()
         # A fenced runner must not even pre-commit: its batch fails and the query stops.
         ctx.coordinator.control.check_not_fenced(ctx.lease)
         query_id = ctx.checkpoint.query_id() or "unknown"
@@ -98,7 +101,9 @@ class BatchWriter:
         )
         ctx.coordinator.wal.write(manifest)
         log.info(
-            "batch %d pre-committed as seq %d: %s", batch_id, seq,
+            "batch %d pre-committed as seq %d: %s",
+            batch_id,
+            seq,
             {name: part.rows for name, part in manifest.sinks.items()},
         )
         crashpoints.reached("batch_after_manifest")
@@ -112,6 +117,7 @@ class BatchWriter:
         crashpoints.reached("batch_after_commit")
         ctx.coordinator.submit(manifest)
         self.batches_seen += 1
+        self.min_pause.after_batch()
 
     def _already_committed(self, previous: Manifest | None, seq: int) -> dict[str, SinkBatch]:
         """Parts an idempotent sink committed before a crash; the replay must skip them."""

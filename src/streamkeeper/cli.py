@@ -31,7 +31,9 @@ SetOpt = Annotated[
 ]
 
 
-def _overrides(root: str | None, checkpoint_dir: str | None, sets: list[str] | None) -> dict[str, Any]:
+def _overrides(
+    root: str | None, checkpoint_dir: str | None, sets: list[str] | None
+) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     for item in sets or []:
         key, sep, value = item.partition("=")
@@ -59,7 +61,9 @@ def run(
     root: RootOpt = None,
     checkpoint_dir: CheckpointOpt = None,
     set_: SetOpt = None,
-    master: Annotated[str | None, typer.Option(help="Spark master, e.g. spark://127.0.0.1:7077.")] = None,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master, e.g. spark://127.0.0.1:7077.")
+    ] = None,
     available_now: Annotated[
         bool, typer.Option("--available-now", help="Process what is available, then stop.")
     ] = False,
@@ -123,7 +127,10 @@ def _detach(spec: JobSpec) -> None:
 
 @app.command()
 def status(
-    spec_path: SpecArg, root: RootOpt = None, checkpoint_dir: CheckpointOpt = None, set_: SetOpt = None
+    spec_path: SpecArg,
+    root: RootOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    set_: SetOpt = None,
 ) -> None:
     """Print the job's control-plane entry: runner, epoch, heartbeat, last commit."""
     from streamkeeper.control import ControlPlane
@@ -132,7 +139,9 @@ def status(
     spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
     paths = resolve_paths(spec)
     control = ControlPlane(paths.root.store(), paths.layout)
-    typer.echo(json.dumps({"heartbeat": control.heartbeat(), "epoch": control.latest_epoch()}, indent=2))
+    typer.echo(
+        json.dumps({"heartbeat": control.heartbeat(), "epoch": control.latest_epoch()}, indent=2)
+    )
 
 
 @app.command()

@@ -75,7 +75,9 @@ class ControlPlane:
             epoch = self.latest_epoch() + 1
             lease = Lease(epoch, os.getpid(), socket.gethostname(), time.time())
             if self.store.create_json(self.layout.epoch(epoch), lease.__dict__):
-                self.store.write_json(self.layout.runner, {**lease.__dict__, "job": self.layout.job})
+                self.store.write_json(
+                    self.layout.runner, {**lease.__dict__, "job": self.layout.job}
+                )
                 return lease
 
     def check_not_fenced(self, lease: Lease) -> None:
@@ -122,7 +124,9 @@ class Heartbeat:
         self.facts = facts
         self.interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="streamkeeper-heartbeat", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="streamkeeper-heartbeat", daemon=True
+        )
 
     def start(self) -> None:
         self.control.beat(self.lease, "STARTING", **self.facts())

@@ -144,7 +144,9 @@ class CommitCoordinator:
             },
         )
         self.wal.retire(manifest.seq)
-        log.info("batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions)
+        log.info(
+            "batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions
+        )
         self.stats.last_seq = manifest.seq
         self.stats.last_batch = manifest.batch_id
         self.stats.committed += 1
@@ -162,7 +164,9 @@ class CommitCoordinator:
 
     def start(self, checkpoint: SparkCheckpoint) -> None:
         self._checkpoint = checkpoint
-        self._thread = threading.Thread(target=self._run, name="streamkeeper-committer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="streamkeeper-committer", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:
@@ -199,7 +203,9 @@ class CommitCoordinator:
                 return
             self._wake.set()
             time.sleep(POLL_SECONDS)
-        raise TimeoutError(f"commits still pending after {timeout}s: {[m.seq for m in self._queue]}")
+        raise TimeoutError(
+            f"commits still pending after {timeout}s: {[m.seq for m in self._queue]}"
+        )
 
     def stop(self) -> None:
         self._stop.set()

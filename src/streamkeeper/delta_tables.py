@@ -169,9 +169,7 @@ class TableCommitter:
         from deltalake.transaction import AddAction
 
         now_ms = int(time.time() * 1000)
-        actions = [
-            AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in part.files
-        ]
+        actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in part.files]
         table.create_write_transaction(
             actions,
             mode="append",

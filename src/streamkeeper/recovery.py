@@ -59,7 +59,9 @@ def recover(
             log.warning(
                 "manifest %s belongs to checkpoint %s (query %s), which no longer exists; "
                 "its batch cannot be shown complete, so it is discarded",
-                manifest.seq, manifest.checkpoint_dir, manifest.query_id,
+                manifest.seq,
+                manifest.checkpoint_dir,
+                manifest.query_id,
             )
         if _discard(coordinator, manifest):
             sequence.reserve_existing(manifest.query_id, manifest.batch_id, manifest.seq)

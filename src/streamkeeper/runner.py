@@ -131,7 +131,9 @@ class JobRunner:
         probe(self.paths.root)
         lease = self.control.acquire(takeover=self.options.takeover)
         coordinator: CommitCoordinator | None = None
-        heartbeat = Heartbeat(self.control, lease, lambda: coordinator.facts() if coordinator else {})
+        heartbeat = Heartbeat(
+            self.control, lease, lambda: coordinator.facts() if coordinator else {}
+        )
         heartbeat.start()
         try:
             spark = build_session(self.spec, self.options.master)
@@ -218,7 +220,9 @@ class JobRunner:
         if self.options.available_now:
             stream = stream.trigger(availableNow=True)
         else:
-            stream = stream.trigger(processingTime=f"{int(self.spec.checkpoint.interval * 1000)} milliseconds")
+            stream = stream.trigger(
+                processingTime=f"{int(self.spec.checkpoint.interval * 1000)} milliseconds"
+            )
         return stream.start()
 
     def _install_stop_signal(self, query: StreamingQuery) -> None:
@@ -237,13 +241,17 @@ def run_job(spec: JobSpec, options: RunOptions) -> RunResult:
     """Run `spec` until it finishes (available-now), is stopped, or fails."""
     started = time.monotonic()
     result = JobRunner(spec, options).run()
-    log.info("job %s ran %d batches in %.1fs", spec.name, result.batches, time.monotonic() - started)
+    log.info(
+        "job %s ran %d batches in %.1fs", spec.name, result.batches, time.monotonic() - started
+    )
     return result
 
 
 def main_guard() -> None:
     """Make the PySpark driver's own logging quiet enough to read."""
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)

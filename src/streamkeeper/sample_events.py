@@ -16,7 +16,12 @@ Totals = dict[str, tuple[int, int]]
 
 
 def write_event_files(
-    directory: Path, *, files: int, events_per_file: int, keys: int = 100, seed: int = 7,
+    directory: Path,
+    *,
+    files: int,
+    events_per_file: int,
+    keys: int = 100,
+    seed: int = 7,
     first_file: int = 0,
 ) -> list[Path]:
     """Write `files` JSON-lines files of events; returns them in batch order."""

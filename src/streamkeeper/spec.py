@@ -89,7 +89,9 @@ class SourceSpec(_Strict):
     @classmethod
     def _stringify_options(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+            return {
+                str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()
+            }
         return value
 
 
@@ -211,9 +213,11 @@ def _format_validation_error(source: str, error: ValidationError) -> str:
         elif item["type"] == "missing":
             message = "required field is missing"
         given = item.get("input")
-        shown = f" (got {given!r})" if item["type"] not in ("missing",) and not isinstance(
-            given, dict
-        ) else ""
+        shown = (
+            f" (got {given!r})"
+            if item["type"] not in ("missing",) and not isinstance(given, dict)
+            else ""
+        )
         lines.append(f"  {field}: {message}{shown}")
     return "\n".join(lines)
 
@@ -232,7 +236,9 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         SpecError: naming every bad field and the fix.
     """
     if not isinstance(data, dict):
-        raise SpecError(f"invalid job spec {source}: expected a mapping at the top level, got {data!r}")
+        raise SpecError(
+            f"invalid job spec {source}: expected a mapping at the top level, got {data!r}"
+        )
     try:
         return JobSpec.model_validate(data)
     except ValidationError as error:
@@ -267,9 +273,9 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     for mapping_field in _MAPPING_FIELDS:  # their keys hold dots: spark.conf.spark.sql.x
         if dotted.startswith(mapping_field + "."):
             section, name = mapping_field.split(".")
-            data.setdefault(section, {}).setdefault(name, {})[
-                dotted[len(mapping_field) + 1 :]
-            ] = value
+            data.setdefault(section, {}).setdefault(name, {})[dotted[len(mapping_field) + 1 :]] = (
+                value
+            )
             return
     *parents, leaf = dotted.split(".")
     for part in parents:

@@ -51,10 +51,22 @@ class ChaosJob:
 
     def _command(self) -> list[str]:
         command = [
-            sys.executable, "-m", "streamkeeper", "run", str(SAMPLE_SPEC), "--available-now",
-            "--root", self.root, "--checkpoint-dir", str(self.checkpoint_dir),
-            "--set", f"source.path={self.event_files[0].parent}",
-            "--set", "spark.master=local[2]", "--set", "spark.shuffle_partitions=2",
+            sys.executable,
+            "-m",
+            "streamkeeper",
+            "run",
+            str(SAMPLE_SPEC),
+            "--available-now",
+            "--root",
+            self.root,
+            "--checkpoint-dir",
+            str(self.checkpoint_dir),
+            "--set",
+            f"source.path={self.event_files[0].parent}",
+            "--set",
+            "spark.master=local[2]",
+            "--set",
+            "spark.shuffle_partitions=2",
         ]
         if self.sink_mode != "exactly_once":
             command += ["--set", f"checkpoint.mode={self.sink_mode}"]
@@ -67,15 +79,24 @@ class ChaosJob:
             env["STREAMKEEPER_CRASH_AT"] = crash_at
         return env
 
-    def run(self, *, crash_at: str | None = None, kill_after: float | None = None,
-            timeout: float = 300.0) -> str:
+    def run(
+        self,
+        *,
+        crash_at: str | None = None,
+        kill_after: float | None = None,
+        timeout: float = 300.0,
+    ) -> str:
         """Run the driver once. Returns 'killed' or 'finished'; raises if it failed."""
         self.runs += 1
         log_path = self.workdir / f"run-{self.runs:03d}.log"
         with open(log_path, "wb") as log_file:
             process = subprocess.Popen(
-                self._command(), env=self._environment(crash_at), stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True, cwd=self.workdir,
+                self._command(),
+                env=self._environment(crash_at),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.workdir,
             )
             try:
                 code = process.wait(timeout=kill_after if kill_after is not None else timeout)
@@ -87,9 +108,13 @@ class ChaosJob:
         if code is None:
             code = -signal.SIGKILL
         outcome = "killed" if code == -signal.SIGKILL else ("finished" if code == 0 else "failed")
-        self.log.append(f"run {self.runs}: crash_at={crash_at} kill_after={kill_after} -> {outcome}")
+        self.log.append(
+            f"run {self.runs}: crash_at={crash_at} kill_after={kill_after} -> {outcome}"
+        )
         if outcome == "failed":
-            raise RuntimeError(f"driver failed with exit {code}; log:\n{log_path.read_text()[-4000:]}")
+            raise RuntimeError(
+                f"driver failed with exit {code}; log:\n{log_path.read_text()[-4000:]}"
+            )
         if outcome == "killed":
             self.kills += 1
         return outcome
@@ -131,7 +156,11 @@ class ChaosJob:
             lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
             log_offset = json.loads(lines[2])["logOffset"]
             names = sorted(
-                {Path(p).name for o in range(previous + 1, log_offset + 1) for p in by_log_offset[o]}
+                {
+                    Path(p).name
+                    for o in range(previous + 1, log_offset + 1)
+                    for p in by_log_offset[o]
+                }
             )
             batches.append([self.event_files[0].parent / name for name in names])
             previous = log_offset
@@ -191,7 +220,8 @@ class ChaosJob:
             pafs.FileSelector(location.fs_path, allow_not_found=True)
         )
         return [
-            i.base_name for i in infos
+            i.base_name
+            for i in infos
             if seq_of_data_file(i.base_name) is not None and i.base_name not in referenced
         ]
 

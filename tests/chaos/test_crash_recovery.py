@@ -27,7 +27,9 @@ def _ensure_backlog(job: ChaosJob, minimum: int = 4, add: int = 6) -> None:
     """Keep unprocessed files around so that in-batch crash points are reached."""
     if len(job.event_files) - job.completed_batches() < minimum:
         job.event_files += write_event_files(
-            job.event_files[0].parent, files=add, events_per_file=EVENTS_PER_FILE,
+            job.event_files[0].parent,
+            files=add,
+            events_per_file=EVENTS_PER_FILE,
             first_file=len(job.event_files),
         )
 
@@ -61,7 +63,9 @@ def _chaos(job: ChaosJob, kills: int, seed: int) -> None:
     totals_at, changes_at = job.check_invariants()
     assert totals_at == changes_at == len(batches), job.log
     expected_totals, _ = expected_results(job.event_files)
-    assert {r["key"]: (r["events"], r["total"]) for r in job.table_rows("totals")} == expected_totals
+    assert {
+        r["key"]: (r["events"], r["total"]) for r in job.table_rows("totals")
+    } == expected_totals
     assert job.unreferenced_files() == [], "recovery left orphaned pre-commit files behind"
 
 

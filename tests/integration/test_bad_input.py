@@ -24,12 +24,17 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
 
 
-def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None,
-            timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "streamkeeper", *args],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -76,8 +81,11 @@ def test_probe_nonexistent_bucket(s3_env: dict[str, str]) -> None:
 def test_cli_malformed_spec_exits_2_naming_the_field(tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text(SAMPLE_SPEC.read_text().replace("interval: 1s", "intervall: 1s"))
-    result = run_cli(["run", str(spec), "--root", str(tmp_path / "root"), "--available-now"],
-                     cwd=tmp_path, timeout=60)
+    result = run_cli(
+        ["run", str(spec), "--root", str(tmp_path / "root"), "--available-now"],
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stderr
     assert "checkpoint.intervall" in result.stderr and "unknown field" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # nothing written
@@ -89,9 +97,20 @@ def test_cli_unreachable_storage_writes_nothing(tmp_path: Path) -> None:
     endpoint = unreachable_endpoint()
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "ak", "AWS_SECRET_ACCESS_KEY": "sk"}
     result = run_cli(
-        ["run", str(SAMPLE_SPEC), "--root", "s3://bucket/prefix", "--available-now",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), "--set", f"source.path={events}"],
-        cwd=tmp_path, env=env, timeout=120,
+        [
+            "run",
+            str(SAMPLE_SPEC),
+            "--root",
+            "s3://bucket/prefix",
+            "--available-now",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--set",
+            f"source.path={events}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
     )
     assert result.returncode != 0
     assert f"cannot reach object storage at {endpoint}" in result.stderr
@@ -115,8 +134,17 @@ def test_cli_schema_mismatch_fails_before_any_commit(tmp_path: Path) -> None:
     before = {"totals": create_table(totals, wrong), "changes": create_table(changes, right)}
 
     result = run_cli(
-        ["run", str(SAMPLE_SPEC), "--root", str(root), "--available-now",
-         "--checkpoint-dir", str(tmp_path / "ckpt"), "--set", f"source.path={events}"],
+        [
+            "run",
+            str(SAMPLE_SPEC),
+            "--root",
+            str(root),
+            "--available-now",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--set",
+            f"source.path={events}",
+        ],
         cwd=tmp_path,
     )
     assert result.returncode != 0, result.stdout

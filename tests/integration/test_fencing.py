@@ -24,10 +24,24 @@ pytestmark = pytest.mark.integration
 
 def _command(tmp_path: Path, checkpoint: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "streamkeeper", "run", str(SAMPLE_SPEC),
-        "--root", str(tmp_path / "data"), "--checkpoint-dir", str(tmp_path / checkpoint),
-        "--set", f"source.path={tmp_path / 'events'}", "--set", "spark.master=local[1]",
-        "--set", "spark.shuffle_partitions=2", "--set", "checkpoint.interval=500ms", *extra,
+        sys.executable,
+        "-m",
+        "streamkeeper",
+        "run",
+        str(SAMPLE_SPEC),
+        "--root",
+        str(tmp_path / "data"),
+        "--checkpoint-dir",
+        str(tmp_path / checkpoint),
+        "--set",
+        f"source.path={tmp_path / 'events'}",
+        "--set",
+        "spark.master=local[1]",
+        "--set",
+        "spark.shuffle_partitions=2",
+        "--set",
+        "checkpoint.interval=500ms",
+        *extra,
     ]
 
 
@@ -62,8 +76,11 @@ def _stop(pid: int) -> None:
 def test_takeover_fences_the_older_runner(tmp_path: Path) -> None:
     files = write_event_files(tmp_path / "events", files=2, events_per_file=200)
     detached = subprocess.run(
-        _command(tmp_path, "checkpoint-a", "--detach"), cwd=tmp_path, capture_output=True,
-        text=True, check=True,
+        _command(tmp_path, "checkpoint-a", "--detach"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     runner_a = json.loads(detached.stdout.strip().splitlines()[-1])
     b: subprocess.Popen | None = None
@@ -73,8 +90,11 @@ def test_takeover_fences_the_older_runner(tmp_path: Path) -> None:
         assert _heartbeat(tmp_path)["state"] == "RUNNING"
 
         refused = subprocess.run(
-            _command(tmp_path, "checkpoint-a", "--available-now"), cwd=tmp_path,
-            capture_output=True, text=True, timeout=120,
+            _command(tmp_path, "checkpoint-a", "--available-now"),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert refused.returncode == 1
         assert "held by a live runner" in refused.stderr and "--takeover" in refused.stderr
@@ -82,15 +102,21 @@ def test_takeover_fences_the_older_runner(tmp_path: Path) -> None:
         # B restores A's checkpoint elsewhere (a copy, as on another machine) and takes over.
         shutil.copytree(tmp_path / "checkpoint-a", tmp_path / "checkpoint-b")
         b = subprocess.Popen(
-            _command(tmp_path, "checkpoint-b", "--takeover"), cwd=tmp_path,
-            stdout=open(tmp_path / "b.log", "wb"), stderr=subprocess.STDOUT,
+            _command(tmp_path, "checkpoint-b", "--takeover"),
+            cwd=tmp_path,
+            stdout=open(tmp_path / "b.log", "wb"),
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         _wait_for(lambda: _heartbeat(tmp_path).get("epoch") == 2, 60, "B's epoch")
         files += write_event_files(tmp_path / "events", files=1, events_per_file=200, first_file=2)
 
-        _wait_for(lambda: not psutil.pid_exists(runner_a["pid"]) or
-                  psutil.Process(runner_a["pid"]).status() == psutil.STATUS_ZOMBIE, 120, "A to exit")
+        _wait_for(
+            lambda: not psutil.pid_exists(runner_a["pid"])
+            or psutil.Process(runner_a["pid"]).status() == psutil.STATUS_ZOMBIE,
+            120,
+            "A to exit",
+        )
         log_a = Path(runner_a["log"]).read_text()
         assert "FencedError" in log_a and "fenced by epoch 2" in log_a
         _wait_for(lambda: (2, 2) in _marker_batches(tmp_path), 120, "B to commit batch 2")
@@ -107,4 +133,6 @@ def test_takeover_fences_the_older_runner(tmp_path: Path) -> None:
     rows = read_table_rows(str(tmp_path / "data" / "tables" / "totals"))
     assert {r["key"]: (r["events"], r["total"]) for r in rows} == expected_results(files)[0]
     changes = read_table_rows(str(tmp_path / "data" / "tables" / "changes"))
-    assert sorted((r["key"], r["events"], r["total"]) for r in changes) == expected_results(files)[1]
+    assert (
+        sorted((r["key"], r["events"], r["total"]) for r in changes) == expected_results(files)[1]
+    )

@@ -107,7 +107,8 @@ def test_checkpoint_reset_neither_skips_nor_repeats(tmp_path: Path) -> None:
 def test_rocksdb_state_backend_with_changelog(tmp_path: Path) -> None:
     files = write_event_files(tmp_path / "events", files=2, events_per_file=300)
     spec = _spec(
-        tmp_path, str(tmp_path / "data"),
+        tmp_path,
+        str(tmp_path / "data"),
         **{"state_backend.type": "rocksdb", "state_backend.changelog": True},
     )
     _run(spec)

@@ -30,13 +30,27 @@ def test_executors_write_the_pre_commit_files(tmp_path: Path, cluster: SparkStan
     files = write_event_files(tmp_path / "events", files=3, events_per_file=400)
     run = subprocess.run(
         [
-            sys.executable, "-m", "streamkeeper", "run", str(SAMPLE_SPEC), "--available-now",
-            "--master", cluster.master_url, "--root", str(tmp_path / "data"),
-            "--checkpoint-dir", str(tmp_path / "checkpoint"),
-            "--set", f"source.path={tmp_path / 'events'}",
-            "--set", "spark.conf.spark.executor.memory=512m",
+            sys.executable,
+            "-m",
+            "streamkeeper",
+            "run",
+            str(SAMPLE_SPEC),
+            "--available-now",
+            "--master",
+            cluster.master_url,
+            "--root",
+            str(tmp_path / "data"),
+            "--checkpoint-dir",
+            str(tmp_path / "checkpoint"),
+            "--set",
+            f"source.path={tmp_path / 'events'}",
+            "--set",
+            "spark.conf.spark.executor.memory=512m",
         ],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
     assert run.returncode == 0, run.stderr[-4000:]
@@ -50,4 +64,6 @@ def test_executors_write_the_pre_commit_files(tmp_path: Path, cluster: SparkStan
     totals = read_table_rows(str(tmp_path / "data/tables/totals"))
     assert {r["key"]: (r["events"], r["total"]) for r in totals} == expected_results(files)[0]
     changes = read_table_rows(str(tmp_path / "data/tables/changes"))
-    assert sorted((r["key"], r["events"], r["total"]) for r in changes) == expected_results(files)[1]
+    assert (
+        sorted((r["key"], r["events"], r["total"]) for r in changes) == expected_results(files)[1]
+    )

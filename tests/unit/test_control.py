@@ -24,15 +24,24 @@ def control(tmp_path: Path) -> ControlPlane:
 
 
 def write_heartbeat(control: ControlPlane, **fields: object) -> None:
-    beat = {"pid": os.getpid(), "host": socket.gethostname(), "state": "RUNNING",
-            "time": time.time(), "epoch": 1}
+    beat = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "state": "RUNNING",
+        "time": time.time(),
+        "epoch": 1,
+    }
     beat.update(fields)
     control.store.write_json(control.layout.heartbeat, beat)
 
 
 def dead_pid() -> int:
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(child.stdout)
 
 
@@ -115,5 +124,9 @@ def test_heartbeat_thread_reports_states_and_facts(control: ControlPlane) -> Non
     beat.stop("FINISHED", reason="done")
     final = control.heartbeat()
     assert (final["state"], final["epoch"], final["last_seq"], final["reason"]) == (
-        "FINISHED", 4, 11, "done")
+        "FINISHED",
+        4,
+        11,
+        "done",
+    )
     assert control.acquire().epoch == 1  # a finished runner does not block

@@ -29,18 +29,28 @@ def parquet_file(path: Path, rows: dict[str, list], relative_to: Path | None = N
     table = pa.table(rows, schema=SCHEMA)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
-    stats = {"numRecords": table.num_rows, "minValues": {}, "maxValues": {},
-             "nullCount": {"key": 0, "total": 0}}
+    stats = {
+        "numRecords": table.num_rows,
+        "minValues": {},
+        "maxValues": {},
+        "nullCount": {"key": 0, "total": 0},
+    }
     name = str(path.relative_to(relative_to)) if relative_to else str(path)
-    return DataFile(path=name, size=path.stat().st_size, rows=table.num_rows,
-                    stats=json.dumps(stats), writer="test")
+    return DataFile(
+        path=name,
+        size=path.stat().st_size,
+        rows=table.num_rows,
+        stats=json.dumps(stats),
+        writer="test",
+    )
 
 
 def append_part(target: TableTarget, name: str, rows: dict[str, list]) -> SinkBatch:
     directory = Path(target.location.uri)
     data_file = parquet_file(directory / name, rows, relative_to=directory)
-    return SinkBatch(table=target.location.uri, output="append", mode="exactly_once",
-                     files=[data_file])
+    return SinkBatch(
+        table=target.location.uri, output="append", mode="exactly_once", files=[data_file]
+    )
 
 
 def contents(target: TableTarget) -> dict[str, int]:
@@ -105,15 +115,17 @@ def test_lower_epoch_is_fenced_and_adds_nothing(target: TableTarget) -> None:
 
 def test_merge_upserts_and_last_duplicate_wins(target: TableTarget, tmp_path: Path) -> None:
     committer = TableCommitter(target, epoch=1)
-    committer.commit(append_part(target, "sk-0.parquet", {"key": ["a", "b"], "total": [1, 2]}),
-                     seq=0)
+    committer.commit(
+        append_part(target, "sk-0.parquet", {"key": ["a", "b"], "total": [1, 2]}), seq=0
+    )
     staging = tmp_path / "staging"
     files = [
         parquet_file(staging / "f1.parquet", {"key": ["b", "c", "c"], "total": [20, 30, 31]}),
         parquet_file(staging / "f2.parquet", {"key": ["c", "d"], "total": [32, 40]}),
     ]
-    merge = SinkBatch(table=target.location.uri, output="merge", mode="exactly_once",
-                      key=["key"], files=files)
+    merge = SinkBatch(
+        table=target.location.uri, output="merge", mode="exactly_once", key=["key"], files=files
+    )
     version = committer.commit(merge, seq=1)
     assert version == 2
     assert contents(target) == {"a": 1, "b": 20, "c": 32, "d": 40}
@@ -137,6 +149,7 @@ def test_merge_treats_null_key_as_one_key(target: TableTarget, tmp_path: Path) -
     committer = TableCommitter(target, epoch=1)
     for seq in range(2):
         staged = parquet_file(tmp_path / f"s{seq}.parquet", {"key": [None], "total": [seq]})
-        committer.commit(SinkBatch(target.location.uri, "merge", "exactly_once", ["key"],
-                                   [staged]), seq=seq)
+        committer.commit(
+            SinkBatch(target.location.uri, "merge", "exactly_once", ["key"], [staged]), seq=seq
+        )
     assert target.open().to_pyarrow_table().to_pylist() == [{"key": None, "total": 1}]

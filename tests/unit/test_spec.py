@@ -45,8 +45,16 @@ def test_sample_spec_loads() -> None:
 
 @pytest.mark.parametrize(
     ("given", "seconds"),
-    [("500ms", 0.5), ("2s", 2.0), ("1.5m", 90.0), ("1h", 3600.0), ("7", 7.0), (3, 3.0),
-     (0.25, 0.25), (" 10 s ", 10.0)],
+    [
+        ("500ms", 0.5),
+        ("2s", 2.0),
+        ("1.5m", 90.0),
+        ("1h", 3600.0),
+        ("7", 7.0),
+        (3, 3.0),
+        (0.25, 0.25),
+        (" 10 s ", 10.0),
+    ],
 )
 def test_durations_parse(given: Any, seconds: float) -> None:
     assert parse_duration(given) == pytest.approx(seconds)

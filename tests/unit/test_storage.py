@@ -110,8 +110,11 @@ def test_storage_options_empty_for_local() -> None:
 
 def test_storage_options_for_s3_carry_endpoint_and_credentials() -> None:
     settings = S3Settings(
-        endpoint_url="http://127.0.0.1:8333", region="eu-west-1",
-        access_key="AK", secret_key="SK", allow_http=True,
+        endpoint_url="http://127.0.0.1:8333",
+        region="eu-west-1",
+        access_key="AK",
+        secret_key="SK",
+        allow_http=True,
     )
     options = Location("s3://bucket/p", settings).storage_options()
     assert options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:8333"
@@ -147,8 +150,13 @@ def test_s3_settings_spec_wins_over_env(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_s3_settings_defaults_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ["AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ALLOW_HTTP", "AWS_ACCESS_KEY_ID",
-                 "AWS_SECRET_ACCESS_KEY"]:
+    for name in [
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_ALLOW_HTTP",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    ]:
         monkeypatch.delenv(name, raising=False)
     settings = S3Settings.from_env()
     assert settings == S3Settings(region="us-east-1", allow_http=False)

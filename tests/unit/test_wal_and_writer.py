@@ -30,12 +30,20 @@ def wal(tmp_path: Path) -> WriteAheadLog:
 
 def manifest(seq: int, lineage: str = "lin") -> Manifest:
     part = SinkBatch(
-        table="/t/totals", output="merge", mode="exactly_once", key=["key"],
+        table="/t/totals",
+        output="merge",
+        mode="exactly_once",
+        key=["key"],
         files=[DataFile(path=f"/s/{seq}.parquet", size=10, rows=2, stats="{}", writer="w")],
     )
     return Manifest(
-        lineage=lineage, seq=seq, query_id="q", batch_id=seq + 100, checkpoint_dir="/ckpt",
-        epoch=3, sinks={"totals": part, "changes": SinkBatch("/t/changes", "append", "idempotent")},
+        lineage=lineage,
+        seq=seq,
+        query_id="q",
+        batch_id=seq + 100,
+        checkpoint_dir="/ckpt",
+        epoch=3,
+        sinks={"totals": part, "changes": SinkBatch("/t/changes", "append", "idempotent")},
     )
 
 
@@ -96,7 +104,7 @@ def test_manifest_of_other_lineage_is_refused(wal: WriteAheadLog) -> None:
     assert wal.layout.manifest(5) in str(caught.value)
 
 
-@pytest.mark.parametrize("text", ['{"format": 1, "sink', '[1, 2]', '{"format": 1, "sinks": []}'])
+@pytest.mark.parametrize("text", ['{"format": 1, "sink', "[1, 2]", '{"format": 1, "sinks": []}'])
 def test_unparseable_manifest_is_corrupt(wal: WriteAheadLog, tmp_path: Path, text: str) -> None:
     path = tmp_path / wal.layout.manifest(6)
     path.parent.mkdir(parents=True)
@@ -110,8 +118,12 @@ def test_seq_of_data_file() -> None:
     assert seq_of_data_file(name) == 42
     assert seq_of_data_file(f"s3://b/tables/t/{name}") == 42
     assert data_file_name(42) != name  # fresh name per attempt
-    for foreign in ["part-00000-abc.c000.snappy.parquet", "sk-abc-def.parquet",
-                    "sk-00000000000000000042-x.json", "_delta_log/00000.json"]:
+    for foreign in [
+        "part-00000-abc.c000.snappy.parquet",
+        "sk-abc-def.parquet",
+        "sk-00000000000000000042-x.json",
+        "_delta_log/00000.json",
+    ]:
         assert seq_of_data_file(foreign) is None
 
 
@@ -125,8 +137,13 @@ def batch(keys: list, totals: list, keep: list) -> pa.RecordBatch:
 
 
 def plan(directory: Path, sink: str = "s", **overrides) -> SinkWritePlan:  # noqa: ANN003
-    values = dict(sink=sink, directory=Location(str(directory)), columns=("key", "total"),
-                  mask_column=None, relative_paths=True)
+    values = dict(
+        sink=sink,
+        directory=Location(str(directory)),
+        columns=("key", "total"),
+        mask_column=None,
+        relative_paths=True,
+    )
     values.update(overrides)
     return SinkWritePlan(**values)
 
@@ -164,11 +181,17 @@ def test_writer_writes_parquet_with_stats(tmp_path: Path) -> None:
 def test_writer_honours_mask_and_projection(tmp_path: Path) -> None:
     plans = [
         plan(tmp_path / "all", sink="all", columns=("total", "key")),
-        plan(tmp_path / "kept", sink="kept", mask_column="keep", columns=("key",),
-             relative_paths=False),
+        plan(
+            tmp_path / "kept",
+            sink="kept",
+            mask_column="keep",
+            columns=("key",),
+            relative_paths=False,
+        ),
     ]
-    rows = run_writer(plans, [batch(["a", "b", "c"], [1, 2, 3], [True, None, False]),
-                              batch(["d"], [4], [True])])
+    rows = run_writer(
+        plans, [batch(["a", "b", "c"], [1, 2, 3], [True, None, False]), batch(["d"], [4], [True])]
+    )
     by_sink = {r["sink"]: r for r in rows}
     assert by_sink["all"]["rows"] == 4 and by_sink["kept"]["rows"] == 2
     kept_path = by_sink["kept"]["path"]
@@ -181,6 +204,11 @@ def test_writer_honours_mask_and_projection(tmp_path: Path) -> None:
 
 def test_writer_writes_nothing_for_an_empty_partition(tmp_path: Path) -> None:
     assert run_writer([plan(tmp_path / "t")], []) == []
-    assert run_writer([plan(tmp_path / "t", mask_column="keep")],
-                      [batch(["a"], [1], [False]), batch([], [], [])]) == []
+    assert (
+        run_writer(
+            [plan(tmp_path / "t", mask_column="keep")],
+            [batch(["a"], [1], [False]), batch([], [], [])],
+        )
+        == []
+    )
     assert not (tmp_path / "t").exists()
