@@ -66,23 +66,38 @@ class StorageSpec(_Strict):
 
 
 class SourceSpec(_Strict):
-    """A replayable source. `file` is Spark's file source over a directory."""
+    """A replayable source.
 
-    type: Literal["file", "rate"] = "file"
+    `file`: Spark's file source over a directory (`path`, `format`, `schema`).
+    `nats`: a NATS JetStream stream (`url`, `stream`, `subject`); offsets are stream sequences.
+    `delta`: a Delta table (`table`, a URI); offsets are table versions, so jobs can chain tables.
+    `rate`: Spark's rate source, for benchmarks.
+    """
+
+    type: Literal["file", "rate", "nats", "delta"] = "file"
     path: str | None = None
     format: Literal["json", "csv", "parquet", "text"] = "json"
     schema_ddl: str | None = Field(default=None, alias="schema")
+    url: str | None = None
+    stream: str | None = None
+    subject: str | None = None
+    table: str | None = None
     options: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _file_needs_path_and_schema(self) -> SourceSpec:
-        if self.type == "file" and not self.path:
-            raise ValueError("source.path is required for a file source; set it to a directory")
-        if self.type == "file" and not self.schema_ddl:
-            raise ValueError(
-                "source.schema is required for a file source; "
-                "give a DDL string such as 'key STRING, value BIGINT'"
-            )
+    def _required_fields(self) -> SourceSpec:
+        required = {
+            "file": {"path": "a directory", "schema_ddl": "a DDL string such as 'key STRING'"},
+            "nats": {"url": "e.g. nats://127.0.0.1:4222", "stream": "a JetStream stream name"},
+            "delta": {"table": "a Delta table URI"},
+            "rate": {},
+        }[self.type]
+        for name, example in required.items():
+            if not getattr(self, name):
+                field = "schema" if name == "schema_ddl" else name
+                raise ValueError(
+                    f"source.{field} is required for a {self.type} source; set it to {example}"
+                )
         return self
 
     @field_validator("options", mode="before")

@@ -1,4 +1,4 @@
-"""Streaming sources a job spec can name. Each is replayable from checkpointed offsets."""
+"""Spark's built-in file and rate sources."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-def build_source(spark: SparkSession, source: SourceSpec) -> DataFrame:
-    """The source's streaming DataFrame."""
+def build_file_source(spark: SparkSession, source: SourceSpec) -> DataFrame:
+    """Spark's file source over `source.path` (or the rate source)."""
     if source.type == "rate":
         return spark.readStream.format("rate").options(**source.options).load()
     reader = spark.readStream.format(source.format).options(**source.options)
