@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from streamkeeper import crashpoints
+from streamkeeper import crashpoints, faults
 from streamkeeper.checkpoint import SparkCheckpoint
 from streamkeeper.control import Lease
 from streamkeeper.coordinator import CommitCoordinator, CommitSequence
@@ -67,6 +67,7 @@ class BatchWriter:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         ctx = self.ctx
         self.min_pause.before_batch()
+        faults.before_batch(batch_id)
         # A fenced runner must not even pre-commit: its batch fails and the query stops.
         ctx.coordinator.control.check_not_fenced(ctx.lease)
         query_id = ctx.checkpoint.query_id() or "unknown"

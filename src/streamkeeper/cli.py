@@ -125,23 +125,58 @@ def _detach(spec: JobSpec) -> None:
     typer.echo(json.dumps({"job": spec.name, "pid": child.pid, "log": str(log_path.resolve())}))
 
 
-@app.command()
-def status(
-    spec_path: SpecArg,
-    root: RootOpt = None,
-    checkpoint_dir: CheckpointOpt = None,
-    set_: SetOpt = None,
-) -> None:
-    """Print the job's control-plane entry: runner, epoch, heartbeat, last commit."""
-    from streamkeeper.control import ControlPlane
-    from streamkeeper.runner import resolve_paths
+JobArg = Annotated[str, typer.Argument(help="The job's name.")]
+DataRootOpt = Annotated[
+    str,
+    typer.Option(
+        "--root", envvar="STREAMKEEPER_ROOT", help="Storage root URI the job writes below."
+    ),
+]
 
-    spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
-    paths = resolve_paths(spec)
-    control = ControlPlane(paths.root.store(), paths.layout)
-    typer.echo(
-        json.dumps({"heartbeat": control.heartbeat(), "epoch": control.latest_epoch()}, indent=2)
+
+def _job_view(job: str, root: str) -> tuple[Any, Any, dict[str, Any] | None]:
+    from streamkeeper.control import ControlPlane
+    from streamkeeper.history import CheckpointHistory
+    from streamkeeper.layout import LineageLayout
+    from streamkeeper.storage import Location, S3Settings, resolve_root
+
+    location = Location(resolve_root(root), S3Settings.from_env())
+    probe_layout = LineageLayout(location, job, job)
+    heartbeat = ControlPlane(location.store(), probe_layout).heartbeat()
+    lineage = (heartbeat or {}).get("lineage", job)
+    layout = LineageLayout(location, lineage, job)
+    history = CheckpointHistory(location.child(f"{layout.base}/history"))
+    return layout, history, heartbeat
+
+
+@app.command()
+def status(job: JobArg, root: DataRootOpt = ".streamkeeper/data") -> None:
+    """Print the job's status (RUNNING, DEGRADED, FAILING, STOPPED, FAILED) and why."""
+    from streamkeeper.health import assess
+    from streamkeeper.report import print_table, status_table
+
+    _, history, heartbeat = _job_view(job, root)
+    beat = heartbeat or {}
+    assessed = assess(
+        heartbeat,
+        history.read(last=20),
+        interval=float(beat.get("interval", 1.0)),
+        timeout=float(beat.get("timeout", 600.0)),
     )
+    print_table(status_table(job, assessed, heartbeat))
+
+
+@app.command()
+def checkpoints(
+    job: JobArg,
+    root: DataRootOpt = ".streamkeeper/data",
+    last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 20,
+) -> None:
+    """Print the job's checkpoint history: duration, rows, rates, state, upload, visibility."""
+    from streamkeeper.report import checkpoints_table, print_table
+
+    _, history, _ = _job_view(job, root)
+    print_table(checkpoints_table(job, history.read(last=last)))
 
 
 @app.command()

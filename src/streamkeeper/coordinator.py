@@ -18,6 +18,8 @@ from streamkeeper import crashpoints
 from streamkeeper.checkpoint import SparkCheckpoint
 from streamkeeper.control import ControlPlane, Lease
 from streamkeeper.delta_tables import TableCommitter, TableTarget
+from streamkeeper.errors import FencedError
+from streamkeeper.health import CheckpointFailureLimitError, CheckpointHealth
 from streamkeeper.layout import LineageLayout, seq_of
 from streamkeeper.storage import ObjectStore
 from streamkeeper.wal import Manifest, WriteAheadLog
@@ -25,6 +27,7 @@ from streamkeeper.wal import Manifest, WriteAheadLog
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02
+RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -86,6 +89,7 @@ class CommitCoordinator:
         targets: dict[str, TableTarget],
         control: ControlPlane,
         lease: Lease,
+        health: CheckpointHealth | None = None,
     ) -> None:
         self.store = store
         self.layout = layout
@@ -94,6 +98,9 @@ class CommitCoordinator:
         self.control = control
         self.lease = lease
         self.stats = CommitStats()
+        self.health = health
+        self._facts: dict[int, dict[str, Any]] = {}
+        self._timed_out: set[int] = set()
         self._committers = {name: TableCommitter(t, lease.epoch) for name, t in targets.items()}
         self._queue: deque[Manifest] = deque()
         self._wake = threading.Event()
@@ -147,6 +154,12 @@ class CommitCoordinator:
         log.info(
             "batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions
         )
+        self._facts[manifest.batch_id] = {
+            "commit_seq": manifest.seq,
+            "visibility_delay_ms": delay_ms,
+        }
+        if self.health is not None and manifest.batch_id not in self._timed_out:
+            self.health.completed()
         self.stats.last_seq = manifest.seq
         self.stats.last_batch = manifest.batch_id
         self.stats.committed += 1
@@ -172,7 +185,7 @@ class CommitCoordinator:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if not self._commit_ready():
+                if not self._commit_ready_or_tolerate():
                     self._idle.set()
                     self._wake.wait(POLL_SECONDS)
                     self._wake.clear()
@@ -180,6 +193,21 @@ class CommitCoordinator:
             log.exception("commit coordinator failed")
             self._error = error
             self._idle.set()
+
+    def _commit_ready_or_tolerate(self) -> bool:
+        """A failed commit is a failed checkpoint: counted, then retried, unless fatal."""
+        try:
+            return self._commit_ready()
+        except (FencedError, CheckpointFailureLimitError):
+            raise
+        except Exception as error:
+            if self.health is None:
+                raise
+            head = self._queue[0]
+            self.health.failed(f"commit of checkpoint {head.batch_id} failed: {error}")
+            log.warning("commit of checkpoint %d failed, retrying: %s", head.batch_id, error)
+            self._stop.wait(RETRY_SECONDS)
+            return False
 
     def _commit_ready(self) -> bool:
         """Commit the head of the queue if its checkpoint is complete."""
@@ -220,6 +248,14 @@ class CommitCoordinator:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
+
+    def mark_timed_out(self, batch_id: int) -> None:
+        """A batch past its timeout is a failed checkpoint even if it completes later."""
+        self._timed_out.add(batch_id)
+
+    def checkpoint_facts(self, batch_id: int) -> dict[str, Any] | None:
+        """Commit seq and visibility delay of a committed batch, for the history table."""
+        return self._facts.get(batch_id)
 
     def facts(self) -> dict[str, Any]:
         return {

@@ -22,16 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 from streamkeeper.batch import BatchContext, BatchWriter, check_sink_columns
 from streamkeeper.checkpoint import SparkCheckpoint
-from streamkeeper.control import ControlPlane, Heartbeat
+from streamkeeper.control import ControlPlane, Heartbeat, Lease
 from streamkeeper.coordinator import CommitCoordinator, CommitSequence, initial_sequence
 from streamkeeper.delta_tables import TableTarget, ensure_table
 from streamkeeper.errors import SpecError
+from streamkeeper.health import CheckpointHealth
+from streamkeeper.history import CheckpointHistory
 from streamkeeper.layout import LineageLayout
 from streamkeeper.recovery import RecoveryReport, recover
 from streamkeeper.session import build_session
 from streamkeeper.sources import build_source
 from streamkeeper.spec import JobSpec
 from streamkeeper.storage import Location, S3Settings, probe, resolve_root
+from streamkeeper.supervisor import QueryFailedError, QuerySupervisor
 from streamkeeper.wal import WriteAheadLog
 
 if TYPE_CHECKING:
@@ -70,6 +73,11 @@ class JobPaths:
     layout: LineageLayout
     checkpoint_dir: Path
     targets: dict[str, TableTarget]
+
+    @property
+    def history(self) -> Location:
+        """The lineage's checkpoint history table."""
+        return self.root.child(f"{self.layout.base}/history")
 
 
 def resolve_paths(spec: JobSpec) -> JobPaths:
@@ -126,57 +134,90 @@ class JobRunner:
         self.store = self.paths.root.store()
         self.control = ControlPlane(self.store, self.paths.layout)
         self._stop_requested = threading.Event()
+        self._coordinator: CommitCoordinator | None = None
+        self._supervisor: QuerySupervisor | None = None
 
     def run(self) -> RunResult:
         probe(self.paths.root)
         lease = self.control.acquire(takeover=self.options.takeover)
-        coordinator: CommitCoordinator | None = None
-        heartbeat = Heartbeat(
-            self.control, lease, lambda: coordinator.facts() if coordinator else {}
-        )
+        health = CheckpointHealth(self.spec.checkpoint.tolerable_failures)
+        heartbeat = Heartbeat(self.control, lease, lambda: self._facts(health))
         heartbeat.start()
         try:
             spark = build_session(self.spec, self.options.master)
             log.info("spark session ready (master %s)", spark.sparkContext.master)
             output = self._build_output(spark)
             log.info("tables ready: %s", {n: t.location.uri for n, t in self.paths.targets.items()})
-            coordinator = CommitCoordinator(
-                store=self.store,
-                layout=self.paths.layout,
-                wal=WriteAheadLog(self.store, self.paths.layout),
-                targets=self.paths.targets,
-                control=self.control,
-                lease=lease,
-            )
-            checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
-            sequence = CommitSequence(
-                initial_sequence(self.store, self.paths.layout, self.paths.targets)
-            )
-            report = recover(coordinator, checkpoint, sequence)
-            log.info("recovery: %s", report)
-            writer = BatchWriter(
-                BatchContext(
-                    spec=self.spec,
-                    layout=self.paths.layout,
-                    coordinator=coordinator,
-                    sequence=sequence,
-                    checkpoint=checkpoint,
-                    lease=lease,
-                    output_columns=list(output.columns),
-                )
-            )
-            self._run_query(output, writer, coordinator, checkpoint)
+            result = self._run_attempts(output, lease, health)
         except BaseException as error:
             heartbeat.stop("FAILED", reason=f"{type(error).__name__}: {error}")
             raise
         heartbeat.stop("STOPPED" if self._stop_requested.is_set() else "FINISHED")
-        return RunResult(
-            batches=writer.batches_seen,
-            last_committed_seq=coordinator.stats.last_seq,
-            recovery=report,
-            tables={name: t.location.uri for name, t in self.paths.targets.items()},
-            visibility_delays_ms=coordinator.stats.visibility_delays_ms,
+        return result
+
+    def _facts(self, health: CheckpointHealth) -> dict[str, Any]:
+        facts = health.facts()
+        facts.update(interval=self.spec.checkpoint.interval, timeout=self.spec.checkpoint.timeout)
+        if self._coordinator is not None:
+            facts.update(self._coordinator.facts())
+        if self._supervisor is not None:
+            facts["data_available"] = self._supervisor.data_available
+        return facts
+
+    def _run_attempts(self, output: DataFrame, lease: Lease, health: CheckpointHealth) -> RunResult:
+        """Run the query; after a tolerated failed checkpoint, recover and run it again."""
+        batches = 0
+        while True:
+            coordinator, writer, report = self._prepare_attempt(output, lease, health)
+            try:
+                self._run_query(output, writer, coordinator, health)
+                return RunResult(
+                    batches=batches + writer.batches_seen,
+                    last_committed_seq=coordinator.stats.last_seq,
+                    recovery=report,
+                    tables={name: t.location.uri for name, t in self.paths.targets.items()},
+                    visibility_delays_ms=coordinator.stats.visibility_delays_ms,
+                )
+            except QueryFailedError as error:
+                batches += writer.batches_seen
+                if self._stop_requested.is_set():
+                    raise
+                health.failed(str(error))  # raises once failures exceed the tolerable number
+                log.warning("failed checkpoint tolerated (%s); restarting the query", error)
+                time.sleep(max(self.spec.checkpoint.min_pause, 1.0))
+
+    def _prepare_attempt(
+        self, output: DataFrame, lease: Lease, health: CheckpointHealth
+    ) -> tuple[CommitCoordinator, BatchWriter, RecoveryReport]:
+        """A fresh coordinator and batch writer, after recovering the WAL."""
+        coordinator = CommitCoordinator(
+            store=self.store,
+            layout=self.paths.layout,
+            wal=WriteAheadLog(self.store, self.paths.layout),
+            targets=self.paths.targets,
+            control=self.control,
+            lease=lease,
+            health=health,
         )
+        checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
+        sequence = CommitSequence(
+            initial_sequence(self.store, self.paths.layout, self.paths.targets)
+        )
+        report = recover(coordinator, checkpoint, sequence)
+        log.info("recovery: %s", report)
+        writer = BatchWriter(
+            BatchContext(
+                spec=self.spec,
+                layout=self.paths.layout,
+                coordinator=coordinator,
+                sequence=sequence,
+                checkpoint=checkpoint,
+                lease=lease,
+                output_columns=list(output.columns),
+            )
+        )
+        self._coordinator = coordinator
+        return coordinator, writer, report
 
     def _build_output(self, spark: SparkSession) -> DataFrame:
         transform = load_transform(self.spec, self.options.spec_dir)
@@ -192,23 +233,20 @@ class JobRunner:
         output: DataFrame,
         writer: BatchWriter,
         coordinator: CommitCoordinator,
-        checkpoint: SparkCheckpoint,
+        health: CheckpointHealth,
     ) -> None:
         query = self._start_query(output, writer)
-        coordinator.start(checkpoint)
+        coordinator.start(writer.ctx.checkpoint)
         self._install_stop_signal(query)
-        try:
-            while query.isActive:
-                query.awaitTermination(0.25)
-                if coordinator.failure is not None:
-                    query.stop()
-                    raise coordinator.failure
-            failure = query.exception()
-            if failure is not None:
-                raise RuntimeError(f"streaming query failed: {failure}")
-            coordinator.drain()
-        finally:
-            coordinator.stop()
+        self._supervisor = QuerySupervisor(
+            query=query,
+            coordinator=coordinator,
+            health=health,
+            history=CheckpointHistory(self.paths.history),
+            timeout=self.spec.checkpoint.timeout,
+            stop_requested=self._stop_requested,
+        )
+        self._supervisor.watch_until_done()
 
     def _start_query(self, output: DataFrame, writer: BatchWriter) -> StreamingQuery:
         stream = (
