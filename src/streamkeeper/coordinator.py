@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from streamkeeper import crashpoints
 from streamkeeper.checkpoint import SparkCheckpoint
@@ -38,6 +38,16 @@ class CommitStats:
     last_batch: int = -1
     committed: int = 0
     visibility_delays_ms: list[float] = field(default_factory=list)
+
+
+class CheckpointHook(Protocol):
+    """Externalized checkpoints (checkpoint_store.ExternalizedCheckpoints)."""
+
+    def before_commit(self, manifest: Manifest) -> int | None:
+        """Make the batch's checkpoint durable; returns the bytes uploaded."""
+
+    def after_commit(self, manifest: Manifest) -> None:
+        """Apply retention once the batch is visible."""
 
 
 class CommitSequence:
@@ -90,8 +100,10 @@ class CommitCoordinator:
         control: ControlPlane,
         lease: Lease,
         health: CheckpointHealth | None = None,
+        checkpoints: CheckpointHook | None = None,
     ) -> None:
         self.store = store
+        self.checkpoints = checkpoints
         self.layout = layout
         self.wal = wal
         self.targets = targets
@@ -123,6 +135,11 @@ class CommitCoordinator:
 
     def commit_manifest(self, manifest: Manifest, batch_end: float | None) -> None:
         """Commit every table of a completed batch, then the marker, then retire it."""
+        uploaded = None
+        if self.checkpoints is not None:
+            # Flink's order: checkpoint N is durable before the output it covers is visible,
+            # so a restore from the latest externalized checkpoint never replays that output.
+            uploaded = self.checkpoints.before_commit(manifest)
         crashpoints.reached("before_delta_commit")
         # In-batch sinks (idempotent, at_least_once) were committed before the batch returned.
         deferred = [n for n, part in manifest.sinks.items() if part.mode == "exactly_once"]
@@ -151,12 +168,15 @@ class CommitCoordinator:
             },
         )
         self.wal.retire(manifest.seq)
+        if self.checkpoints is not None:
+            self.checkpoints.after_commit(manifest)  # retention, off the visibility path
         log.info(
             "batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions
         )
         self._facts[manifest.batch_id] = {
             "commit_seq": manifest.seq,
             "visibility_delay_ms": delay_ms,
+            "bytes_uploaded": uploaded,
         }
         if self.health is not None and manifest.batch_id not in self._timed_out:
             self.health.completed()

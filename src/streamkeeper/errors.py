@@ -29,3 +29,7 @@ class FencedError(StreamkeeperError):
 
 class AlreadyRunningError(StreamkeeperError):
     """A live runner of the same job lineage holds the lineage."""
+
+
+class SourceError(StreamkeeperError):
+    """A source is unreachable or missing, or cannot replay the offsets a checkpoint asks for."""

@@ -65,20 +65,26 @@ class CheckpointHealth:
 
 
 class BatchTimeoutWatch:
-    """Flags a running batch that exceeds the checkpoint timeout, once per batch."""
+    """Flags a running batch that exceeds the checkpoint timeout, once per batch.
+
+    Spark keeps `isTriggerActive` true across back-to-back batches, so a batch is told
+    apart by its id: the clock restarts whenever the running batch id changes, and stops
+    while no trigger is active (waiting for the next interval).
+    """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
+        self._batch: int | None = None
         self._started: float | None = None
         self._flagged = False
 
-    def observe(self, trigger_active: bool, now: float) -> bool:
-        """Feed the query's `isTriggerActive`; True the first time a batch overruns."""
+    def observe(self, batch_id: int, trigger_active: bool, now: float) -> bool:
+        """Feed the running batch id and `isTriggerActive`; True when a batch first overruns."""
         if not trigger_active:
-            self._started, self._flagged = None, False
+            self._batch, self._started, self._flagged = None, None, False
             return False
-        if self._started is None:
-            self._started = now
+        if batch_id != self._batch or self._started is None:
+            self._batch, self._started, self._flagged = batch_id, now, False
         if not self._flagged and now - self._started > self.timeout:
             self._flagged = True
             return True

@@ -4,6 +4,8 @@
     {root}/lineages/{lineage}/wal/staging/{seq}/{sink}/     buffered merge rows (Parquet)
     {root}/lineages/{lineage}/markers/{seq}.json            commit markers (batch -> versions)
     {root}/lineages/{lineage}/epochs/{epoch}.json           fencing epochs, one per runner start
+    {root}/lineages/{lineage}/checkpoints/manifests/{id}.json  externalized checkpoints (id = seq)
+    {root}/lineages/{lineage}/checkpoints/files/{sha256}       their files, content-addressed
     {root}/jobs/{job}/runner.json, heartbeat.json           the control plane's registry entry
     {root}/tables/{sink}                                    default table location
 
@@ -70,6 +72,24 @@ class LineageLayout:
 
     def epoch(self, epoch: int) -> str:
         return f"{self.epochs}/{epoch:010d}.json"
+
+    @property
+    def checkpoints(self) -> str:
+        return f"{self.base}/checkpoints"
+
+    @property
+    def checkpoint_manifests(self) -> str:
+        return f"{self.checkpoints}/manifests"
+
+    def checkpoint_manifest(self, checkpoint_id: int) -> str:
+        return f"{self.checkpoint_manifests}/{seq_name(checkpoint_id)}.json"
+
+    @property
+    def checkpoint_files(self) -> str:
+        return f"{self.checkpoints}/files"
+
+    def checkpoint_file(self, sha256: str) -> str:
+        return f"{self.checkpoint_files}/{sha256}"
 
     @property
     def job_base(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -57,11 +58,12 @@ class QuerySupervisor:
     def watch_until_done(self) -> None:
         try:
             while self.query.isActive:
-                self.query.awaitTermination(POLL_SECONDS)
+                if self._await_termination():
+                    break
                 self._check()
             failure = self.query.exception()
             if failure is not None and not self.stop_requested.is_set():
-                raise QueryFailedError(f"streaming query failed: {_first_line(str(failure))}")
+                raise QueryFailedError(f"streaming query failed: {_root_cause(str(failure))}")
             self.coordinator.drain()
         except BaseException:
             self._stop_query()
@@ -70,13 +72,22 @@ class QuerySupervisor:
             self.coordinator.stop()
             self._flush_history(final=True)
 
+    def _await_termination(self) -> bool:
+        """True once the query ended; its error, if any, is read from `exception()`."""
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            return bool(self.query.awaitTermination(POLL_SECONDS))
+        except StreamingQueryException:
+            return True
+
     def _check(self) -> None:
         if self.coordinator.failure is not None:
             raise self.coordinator.failure
         status = self.query.status
         self.data_available = bool(status.get("isDataAvailable"))
-        if self.watch.observe(bool(status.get("isTriggerActive")), time.monotonic()):
-            batch = self._current_batch()
+        batch = self._current_batch()
+        if self.watch.observe(batch, bool(status.get("isTriggerActive")), time.monotonic()):
             self.coordinator.mark_timed_out(batch)
             self.health.failed(f"checkpoint {batch} exceeded checkpoint.timeout {self.timeout:g}s")
         if time.monotonic() - self._last_flush >= HISTORY_FLUSH_SECONDS:
@@ -116,5 +127,17 @@ class QuerySupervisor:
             log.exception("could not append %d checkpoint history rows", len(records))
 
 
-def _first_line(text: str) -> str:
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Fault|Exit)): (.+)$")
+
+
+def _root_cause(text: str) -> str:
+    """The Python error behind Spark's wrapped foreachBatch failure, else the first line."""
+    causes = [
+        line.strip()
+        for line in text.splitlines()
+        if _PYTHON_ERROR.match(line.strip())
+        and not line.strip().startswith(("py4j.", "org.apache.", "java.", "pyspark.errors"))
+    ]
+    if causes:
+        return causes[-1]
     return text.strip().splitlines()[0] if text.strip() else text

@@ -1,0 +1,125 @@
+"""Checkpoint health and history with a real Spark session and injected faults."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamkeeper import faults
+from streamkeeper.control import ControlPlane
+from streamkeeper.health import CheckpointFailureLimitError, assess
+from streamkeeper.history import CheckpointHistory
+from streamkeeper.reader import read_table_rows
+from streamkeeper.runner import RunOptions, resolve_paths, run_job
+from streamkeeper.sample_events import expected_results, write_event_files
+from streamkeeper.spec import JobSpec, load_spec
+from tests.conftest import SAMPLE_SPEC
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def fresh_faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    faults._failed_batches.clear()
+    yield
+    faults._failed_batches.clear()
+
+
+def _spec(tmp_path: Path, **overrides: object) -> JobSpec:
+    return load_spec(
+        SAMPLE_SPEC,
+        {
+            "source.path": str(tmp_path / "events"),
+            "storage.root": str(tmp_path / "data"),
+            "checkpoint.dir": str(tmp_path / "checkpoint"),
+            "spark.master": "local[2]",
+            "spark.shuffle_partitions": 2,
+            **overrides,
+        },
+    )
+
+
+def _run(spec: JobSpec):  # noqa: ANN202
+    return run_job(spec, RunOptions(available_now=True, spec_dir=SAMPLE_SPEC.parent))
+
+
+def _heartbeat(spec: JobSpec) -> dict:
+    paths = resolve_paths(spec)
+    beat = ControlPlane(paths.root.store(), paths.layout).heartbeat()
+    assert beat is not None
+    return beat
+
+
+def _totals(spec: JobSpec) -> dict:
+    rows = read_table_rows(str(resolve_paths(spec).targets["totals"].location.uri))
+    return {r["key"]: (r["events"], r["total"]) for r in rows}
+
+
+def test_history_rows_agree_with_the_query_progress(tmp_path: Path) -> None:
+    write_event_files(tmp_path / "events", files=3, events_per_file=250)
+    spec = _spec(tmp_path)
+    _run(spec)
+    rows = CheckpointHistory(resolve_paths(spec).history).read()
+    assert [r["checkpoint_id"] for r in rows] == [0, 1, 2]
+    assert [r["input_rows"] for r in rows] == [250, 250, 250]
+    assert [r["commit_seq"] for r in rows] == [0, 1, 2]
+    assert all(r["visibility_delay_ms"] is not None for r in rows)
+    assert all(0 < r["state_rows"] <= 100 for r in rows)
+    assert all(r["duration_ms"] >= r["write_ms"] > 0 for r in rows)
+    assert rows[-1]["state_rows"] == len(_totals(spec))
+
+
+def test_a_failed_batch_within_tolerance_restarts_and_stays_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = write_event_files(tmp_path / "events", files=3, events_per_file=200)
+    monkeypatch.setenv("STREAMKEEPER_FAIL_BATCHES", "1")
+    spec = _spec(tmp_path, **{"checkpoint.tolerable_failures": 1})
+    _run(spec)
+    beat = _heartbeat(spec)
+    assert beat["state"] == "FINISHED"
+    assert beat["failed_checkpoints"] == 1 and beat["consecutive_failures"] == 0
+    assert "injected failure of batch 1" in beat["last_failure"]
+    assert _totals(spec) == expected_results(files)[0]
+
+
+def test_a_failed_batch_beyond_tolerance_fails_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = write_event_files(tmp_path / "events", files=3, events_per_file=200)
+    monkeypatch.setenv("STREAMKEEPER_FAIL_BATCHES", "1")
+    spec = _spec(tmp_path, **{"checkpoint.tolerable_failures": 0})
+    with pytest.raises(CheckpointFailureLimitError, match="injected failure of batch 1"):
+        _run(spec)
+    beat = _heartbeat(spec)
+    status = assess(beat, [], interval=1.0, timeout=600.0)
+    assert status.state == "FAILED" and "tolerable_failures=0" in status.reason
+    assert _totals(spec) == expected_results(files[:1])[0]  # batch 0 only, nothing of batch 1
+
+
+def test_slow_batches_count_as_failed_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_event_files(tmp_path / "events", files=4, events_per_file=100)
+    monkeypatch.setenv("STREAMKEEPER_SLOW_BATCHES", "1,2:3")
+    spec = _spec(tmp_path, **{"checkpoint.timeout": "1s", "checkpoint.tolerable_failures": 1})
+    with pytest.raises(
+        CheckpointFailureLimitError, match="checkpoint 2 exceeded checkpoint.timeout"
+    ):
+        _run(spec)
+    assert _heartbeat(spec)["state"] == "FAILED"
+
+
+def test_one_slow_batch_is_tolerated_and_the_next_resets_the_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = write_event_files(tmp_path / "events", files=3, events_per_file=100)
+    monkeypatch.setenv("STREAMKEEPER_SLOW_BATCHES", "1:3")
+    spec = _spec(tmp_path, **{"checkpoint.timeout": "1s", "checkpoint.tolerable_failures": 1})
+    _run(spec)
+    beat = _heartbeat(spec)
+    assert beat["failed_checkpoints"] == 1 and beat["consecutive_failures"] == 0
+    assert "checkpoint 1 exceeded" in beat["last_failure"]
+    assert _totals(spec) == expected_results(files)[0]
