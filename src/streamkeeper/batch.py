@@ -72,7 +72,8 @@ class BatchWriter:
         ctx.coordinator.control.check_not_fenced(ctx.lease)
         query_id = ctx.checkpoint.query_id() or "unknown"
         seq = ctx.sequence.for_batch(query_id, batch_id)
-        previous = ctx.coordinator.wal.read(seq)
+        reserved = ctx.sequence.is_reserved(query_id, batch_id)
+        previous = ctx.coordinator.wal.read(seq) if reserved else None
         done = self._already_committed(previous, seq)
         plans = [
             self._plan(index, sink, seq)

@@ -75,12 +75,15 @@ class CheckpointUploader:
             The manifest, or None when the directory holds no completed batch.
         """
         started = time.monotonic()
+        self._load_stored()  # also seeds the digests of a restored directory
         listed = scan_checkpoint(self.directory)
         batch_id = latest_commit(listed)
         query_id = SparkCheckpoint(self.directory).query_id()
         if batch_id is None or query_id is None:
             return None
         keyed = {f: self._digest(f) for f in listed}
+        # Only listed files can be asked for again; Spark deletes the rest for good.
+        self._digests = {(f.path, f.size, f.mtime_ns): sha for f, sha in keyed.items() if sha}
         by_key: dict[str, list[LocalFile]] = {}
         for local, sha in keyed.items():
             if sha is not None:
@@ -185,16 +188,28 @@ class ExternalizedCheckpoints:
         self,
         store: ObjectStore,
         layout: LineageLayout,
-        checkpoint: SparkCheckpoint,
+        directory: Path,
         spec: ExternalizedSpec,
         guard: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.layout = layout
-        self.checkpoint = checkpoint
+        self.checkpoint = SparkCheckpoint(directory)
         self.spec = spec
         self.guard = guard
-        self.uploader = CheckpointUploader(store, layout, checkpoint.directory)
+        self.uploader = CheckpointUploader(store, layout, self.checkpoint.directory)
+
+    @classmethod
+    def for_spec(
+        cls,
+        spec: ExternalizedSpec,
+        store: ObjectStore,
+        layout: LineageLayout,
+        directory: Path,
+        guard: Callable[[], None] | None = None,
+    ) -> ExternalizedCheckpoints | None:
+        """The coordinator's hook if the spec enables externalized checkpoints, else None."""
+        return cls(store, layout, directory, spec, guard) if spec.enabled else None
 
     def before_commit(self, manifest: Manifest) -> int | None:
         """Checkpoint N completed: make it durable before its output becomes visible.

@@ -73,8 +73,23 @@ def run(
     detach: Annotated[
         bool, typer.Option("--detach", help="Run in the background; print the pid and log file.")
     ] = False,
+    from_checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--from-checkpoint",
+            help="Restore an externalized checkpoint ('latest' or an id) into the empty "
+            "checkpoint directory, then run from it.",
+        ),
+    ] = None,
 ) -> None:
     """Run a job's streaming query, resuming from its checkpoint when one exists."""
+    if from_checkpoint is not None and not (
+        from_checkpoint == "latest" or from_checkpoint.isdigit()
+    ):
+        raise typer.BadParameter(
+            f"{from_checkpoint!r}: expected 'latest' or a checkpoint id (a number)",
+            param_hint="--from-checkpoint",
+        )
     spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
     if detach:
         _detach(spec)
@@ -83,7 +98,11 @@ def run(
 
     main_guard()
     options = RunOptions(
-        master=master, available_now=available_now, takeover=takeover, spec_dir=spec_path.parent
+        master=master,
+        available_now=available_now,
+        takeover=takeover,
+        spec_dir=spec_path.parent,
+        from_checkpoint=from_checkpoint,
     )
     try:
         result = run_job(spec, options)

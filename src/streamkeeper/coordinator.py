@@ -66,6 +66,9 @@ class CommitSequence:
         """A manifest kept across a crash: its batch must be replayed under the same seq."""
         self._reserved[(query_id, batch_id)] = seq
 
+    def is_reserved(self, query_id: str, batch_id: int) -> bool:
+        return (query_id, batch_id) in self._reserved
+
     def for_batch(self, query_id: str, batch_id: int) -> int:
         with self._lock:
             if (query_id, batch_id) in self._reserved:
@@ -146,7 +149,7 @@ class CommitCoordinator:
         versions = self.commit_sinks(manifest, deferred)
         for name in manifest.sinks:
             if name not in versions:
-                versions[name] = self.targets[name].open().version()
+                versions[name] = self._committers[name].snapshot().version()
         crashpoints.reached("before_commit_marker")
         committed_at = time.time()
         delay_ms = None if batch_end is None else max(0.0, (committed_at - batch_end) * 1000)

@@ -100,6 +100,15 @@ class TableCommitter:
         self.target = target
         self.epoch = epoch
         self.attempts = attempts
+        self._table: DeltaTable | None = None
+
+    def snapshot(self) -> DeltaTable:
+        """The table at its latest version; reads only the commits since the last call."""
+        if self._table is None:
+            self._table = self.target.open()
+        else:
+            self._table.update_incremental()
+        return self._table
 
     def commit(self, part: SinkBatch, seq: int) -> int:
         """Commit `part` as commit `seq`; a no-op if the table already holds it.
@@ -122,7 +131,7 @@ class TableCommitter:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _commit_once(self, part: SinkBatch, seq: int) -> int:
-        table = self.target.open()
+        table = self.snapshot()
         if part.mode != "at_least_once":
             self._check_fence(table)
             done = table.transaction_version(self.target.data_app_id)
@@ -135,7 +144,7 @@ class TableCommitter:
             self._merge(table, part, seq)
         else:
             self._append(table, part, seq)
-        return self.target.open().version()
+        return self.snapshot().version()
 
     def _check_fence(self, table: DeltaTable) -> None:
         holder = table.transaction_version(self.target.fence_app_id)

@@ -1,7 +1,8 @@
 """Run a job spec's streaming query with the write-ahead Delta sink.
 
 Order of a start (each step safe to crash in, see PROTOCOL.md):
-probe storage -> take the lineage's next epoch (fences older runners) -> start Spark ->
+probe storage -> take the lineage's next epoch (fences older runners) -> restore an
+externalized checkpoint if asked (--from-checkpoint) -> start Spark ->
 create or check the target tables -> recover the WAL against the commit log -> start
 the query, the commit coordinator and the heartbeat.
 """
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamkeeper.batch import BatchContext, BatchWriter, check_sink_columns
 from streamkeeper.checkpoint import SparkCheckpoint
+from streamkeeper.checkpoint_restore import restore_checkpoint
+from streamkeeper.checkpoint_store import ExternalizedCheckpoints
 from streamkeeper.control import ControlPlane, Heartbeat, Lease
 from streamkeeper.coordinator import CommitCoordinator, CommitSequence, initial_sequence
 from streamkeeper.delta_tables import TableTarget, ensure_table
@@ -52,6 +55,7 @@ class RunOptions:
     available_now: bool = False  # process what is available, then stop (Trigger.AvailableNow)
     takeover: bool = False
     spec_dir: Path = Path(".")
+    from_checkpoint: str | None = None  # restore this externalized checkpoint first: latest|id
 
 
 @dataclass
@@ -136,6 +140,7 @@ class JobRunner:
         self._stop_requested = threading.Event()
         self._coordinator: CommitCoordinator | None = None
         self._supervisor: QuerySupervisor | None = None
+        self._checkpoints: ExternalizedCheckpoints | None = None
 
     def run(self) -> RunResult:
         probe(self.paths.root)
@@ -144,16 +149,32 @@ class JobRunner:
         heartbeat = Heartbeat(self.control, lease, lambda: self._facts(health))
         heartbeat.start()
         try:
+            self._externalize(lease)
             spark = build_session(self.spec, self.options.master)
             log.info("spark session ready (master %s)", spark.sparkContext.master)
             output = self._build_output(spark)
             log.info("tables ready: %s", {n: t.location.uri for n, t in self.paths.targets.items()})
             result = self._run_attempts(output, lease, health)
+            if self._checkpoints is not None:
+                self._checkpoints.on_stop(cancelled=self._stop_requested.is_set())
         except BaseException as error:
             heartbeat.stop("FAILED", reason=f"{type(error).__name__}: {error}")
             raise
         heartbeat.stop("STOPPED" if self._stop_requested.is_set() else "FINISHED")
         return result
+
+    def _externalize(self, lease: Lease) -> None:
+        """Restore an externalized checkpoint if asked; set up uploads if the spec says so."""
+        layout, directory = self.paths.layout, self.paths.checkpoint_dir
+        if self.options.from_checkpoint is not None:
+            restore_checkpoint(self.store, layout, directory, self.options.from_checkpoint)
+        self._checkpoints = ExternalizedCheckpoints.for_spec(
+            self.spec.checkpoint.externalized,
+            self.store,
+            layout,
+            directory,
+            guard=lambda: self.control.check_not_fenced(lease),
+        )
 
     def _facts(self, health: CheckpointHealth) -> dict[str, Any]:
         facts = health.facts()
@@ -198,6 +219,7 @@ class JobRunner:
             control=self.control,
             lease=lease,
             health=health,
+            checkpoints=self._checkpoints,
         )
         checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
         sequence = CommitSequence(
