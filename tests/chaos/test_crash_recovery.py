@@ -15,7 +15,7 @@ from streamkeeper.crashpoints import POINTS
 from streamkeeper.sample_events import expected_results, write_event_files
 from tests.chaos.harness import ChaosJob, InvariantViolation, crash_schedule
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(2400)]
 
 EVENTS_PER_FILE = 150
 LOCAL_KILLS = int(os.environ.get("STREAMKEEPER_CHAOS_LOCAL_KILLS", "30"))
