@@ -240,7 +240,8 @@ def conform(
         if field.name in batch.schema.names:
             arrays.append(batch.column(field.name).cast(field.type))
         elif partition_values.get(field.name) is not None:
-            arrays.append(pa.array([partition_values[field.name]] * rows).cast(field.type))
+            value = pa.array([partition_values[field.name]]).cast(field.type)[0]
+            arrays.append(pa.repeat(value, rows))
         else:  # a column added after this file was written, or a null partition value
             arrays.append(pa.nulls(rows, field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
@@ -262,14 +263,19 @@ def open_table(location: Location, version: int | None = None) -> DeltaTable:
         return DeltaTable(location.uri, version=version, storage_options=location.storage_options())
     except TableNotFoundError as error:
         raise SourceError(
-            f"source.table {location.uri!r} is not a Delta table ({error}); create it first "
-            "or fix source.table"
+            f"source.table {location.uri!r} is not a Delta table ({_first_line(error)}); "
+            "create it first or fix source.table"
         ) from None
     except DeltaError as error:
         raise SourceError(
-            f"cannot load version {version} of Delta table {location.uri!r} ({error}); if its "
-            "log was cleaned up, start a new checkpoint with a later source.options.startingVersion"
+            f"cannot load version {version} of Delta table {location.uri!r} "
+            f"({_first_line(error)}); if its log was cleaned up, start a new checkpoint "
+            "with a later source.options.startingVersion"
         ) from None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def table_schema(location: Location) -> StructType:
@@ -296,8 +302,8 @@ def snapshot_files(table: DeltaTable, root: str) -> dict[str, DataFile]:
     import pyarrow as pa
 
     actions = pa.table(table.get_add_actions(flatten=True))
-    columns = actions.to_pydict()
     partitions = [name for name in actions.column_names if name.startswith("partition.")]
+    columns = actions.select(["path", "size_bytes", *partitions]).to_pydict()  # skip stats
     files = {}
     for row, path in enumerate(columns["path"]):
         values = tuple((name.removeprefix("partition."), columns[name][row]) for name in partitions)
