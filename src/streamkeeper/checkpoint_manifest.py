@@ -45,6 +45,7 @@ from streamkeeper.storage import LocalStore, ObjectStore, S3Store
 
 CHECKPOINT_FORMAT = 1
 WORKERS = 8  # concurrent file transfers; small files dominate, so requests, not bytes, cost
+MULTIPART_BYTES = 8 * 1024 * 1024  # boto3's default multipart threshold
 
 # Listing order: the reverse of the order in which Spark writes a batch's files.
 _SCAN_ORDER = ("commits", "state", "offsets", "sources", "metadata")
@@ -190,9 +191,16 @@ class FileTransfer:
         self.store = store
 
     def put(self, source: Path, key: str) -> None:
-        """Upload `source` to `key`; boto3's upload_file goes multipart for big files."""
+        """Upload `source` to `key`: one PUT, or boto3's multipart upload_file for big files."""
         if isinstance(self.store, S3Store):
-            self.store.client.upload_file(str(source), self.store.bucket, self._s3_key(key))
+            client, bucket = self.store.client, self.store.bucket
+            with open(source, "rb") as body:
+                if os.fstat(body.fileno()).st_size < MULTIPART_BYTES:
+                    # upload_file starts a transfer manager (threads) per call: too dear for
+                    # the many small files of a checkpoint.
+                    client.put_object(Bucket=bucket, Key=self._s3_key(key), Body=body)
+                    return
+            client.upload_file(str(source), bucket, self._s3_key(key))
             return
         target = self.store.root / key
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -206,19 +214,24 @@ class FileTransfer:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def get(self, key: str, target: Path) -> None:
+    def get(self, key: str, target: Path, size: int | None = None) -> None:
         """Download `key` to `target`; a missing key raises FileNotFoundError."""
-        if isinstance(self.store, S3Store):
-            from botocore.exceptions import ClientError
-
-            try:
-                self.store.client.download_file(self.store.bucket, self._s3_key(key), str(target))
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
-                    raise FileNotFoundError(key) from error
-                raise
+        if not isinstance(self.store, S3Store):
+            shutil.copyfile(self.store.root / key, target)
             return
-        shutil.copyfile(self.store.root / key, target)
+        from botocore.exceptions import ClientError
+
+        client, bucket = self.store.client, self.store.bucket
+        try:
+            if size is not None and size < MULTIPART_BYTES:
+                body = client.get_object(Bucket=bucket, Key=self._s3_key(key))["Body"]
+                target.write_bytes(body.read())
+            else:
+                client.download_file(bucket, self._s3_key(key), str(target))
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                raise FileNotFoundError(key) from error
+            raise
 
     def _s3_key(self, key: str) -> str:
         prefix = self.store.prefix  # type: ignore[union-attr]

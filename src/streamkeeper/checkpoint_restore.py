@@ -91,9 +91,12 @@ def _choose(store: ObjectStore, layout: LineageLayout, checkpoint: str | int) ->
     wanted = ids[-1] if checkpoint == "latest" else _parse_id(checkpoint)
     manifest = read_manifest(store, layout, wanted) if wanted in ids else None
     if manifest is None:
+        # Ids are commit seqs; the batch each one resumes after helps pick one.
+        available = [read_manifest(store, layout, i) for i in ids]
+        listed = ", ".join(f"{m.checkpoint_id} (batch {m.batch_id})" for m in available if m)
         raise CheckpointRestoreError(
-            f"checkpoint {checkpoint!r} does not exist for {where}; available: "
-            f"{', '.join(map(str, ids))} (or 'latest')"
+            f"checkpoint {checkpoint!r} does not exist for {where}; available: {listed} "
+            "(or 'latest')"
         )
     return manifest
 
@@ -112,7 +115,7 @@ def _fetch(
     target = staging / file.path
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        transfer.get(file.key, target)
+        transfer.get(file.key, target, file.size)
     except FileNotFoundError:
         raise CheckpointRestoreError(
             f"checkpoint {manifest.checkpoint_id} lists {file.path!r} as {file.key!r}, which "

@@ -18,6 +18,7 @@ checkpoint rewinds the job: batches after it are processed again.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -198,6 +199,10 @@ class ExternalizedCheckpoints:
         self.spec = spec
         self.guard = guard
         self.uploader = CheckpointUploader(store, layout, self.checkpoint.directory)
+        # Retention must never run during an upload (it would delete the files of a manifest
+        # not yet written): a stuck committer thread of a previous attempt may overlap the
+        # next attempt's recovery, so every entry point takes this lock.
+        self._lock = threading.Lock()
 
     @classmethod
     def for_spec(
@@ -230,23 +235,28 @@ class ExternalizedCheckpoints:
             )
             return None
         faults.before_upload()
-        externalized = self.uploader.upload(manifest.seq, guard=self.guard)
+        with self._lock:
+            externalized = self.uploader.upload(manifest.seq, guard=self.guard)
         return None if externalized is None else externalized.uploaded_bytes
 
     def after_commit(self, manifest: Manifest) -> None:
         """Batch N is visible: drop checkpoints beyond the retained count."""
-        try:
-            report = apply_retention(self.store, self.layout, self.spec.retained)
-        except Exception:  # noqa: BLE001 - garbage collection; the next checkpoint retries it
-            log.warning(
-                "checkpoint retention failed; retrying after the next checkpoint", exc_info=True
-            )
-            self.uploader.forget()  # some files may be gone: re-read what the manifests hold
-            return
-        self.uploader.retain_only(report.retained)
+        with self._lock:
+            try:
+                report = apply_retention(self.store, self.layout, self.spec.retained)
+            except Exception:  # noqa: BLE001 - garbage collection; the next checkpoint retries
+                log.warning("checkpoint retention failed; retried next time", exc_info=True)
+                self.uploader.forget()  # some files may be gone: re-read the manifests
+                return
+            self.uploader.retain_only(report.retained)
 
     def on_stop(self, cancelled: bool) -> None:
-        """DELETE_ON_CANCELLATION discards every checkpoint when the job is cancelled."""
+        """DELETE_ON_CANCELLATION discards every checkpoint when the job is cancelled.
+
+        A cancel is a stop by signal. A finished available-now run is not one: the next
+        run resumes from its checkpoint, so it is kept under either policy.
+        """
         if cancelled and self.spec.retention == "delete_on_cancellation":
-            discard_all(self.store, self.layout)
-            self.uploader.forget()
+            with self._lock:
+                discard_all(self.store, self.layout)
+                self.uploader.forget()

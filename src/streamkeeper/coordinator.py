@@ -249,7 +249,9 @@ class CommitCoordinator:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._raise_if_failed()
-            ready = [m for m in self._queue if self._checkpoint.is_complete(m.batch_id)]
+            # A copy: the committer thread pops from the queue while we look (list() of a
+            # deque is one C call under the GIL).
+            ready = [m for m in list(self._queue) if self._checkpoint.is_complete(m.batch_id)]
             if not ready:
                 return
             self._wake.set()
