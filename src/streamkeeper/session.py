@@ -14,14 +14,23 @@ if TYPE_CHECKING:
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+CHANGELOG_KEY = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
+
+
 def state_backend_conf(spec: JobSpec) -> dict[str, str]:
-    """Spark settings for the spec's state backend (Flink's state backend knob)."""
-    if spec.state_backend.type == "hdfs":
-        return {}
-    conf = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER}
-    if spec.state_backend.changelog:
-        conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = "true"
-    return conf
+    """Spark settings for the spec's state backend (Flink's state backend knob).
+
+    Both keys are always set: a session reused in one process (tests, notebooks) must
+    not keep an earlier job's backend.
+    """
+    rocksdb = spec.state_backend.type == "rocksdb"
+    return {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER
+        if rocksdb
+        else HDFS_PROVIDER,
+        CHANGELOG_KEY: str(rocksdb and spec.state_backend.changelog).lower(),
+    }
 
 
 def build_session(spec: JobSpec, master: str | None = None) -> SparkSession:
