@@ -123,3 +123,40 @@ def test_one_slow_batch_is_tolerated_and_the_next_resets_the_count(
     assert beat["failed_checkpoints"] == 1 and beat["consecutive_failures"] == 0
     assert "checkpoint 1 exceeded" in beat["last_failure"]
     assert _totals(spec) == expected_results(files)[0]
+
+
+@pytest.fixture
+def fresh_upload_faults() -> Iterator[None]:
+    faults._failed_uploads = 0
+    yield
+    faults._failed_uploads = 0
+
+
+@pytest.mark.usefixtures("fresh_upload_faults")
+def test_a_failed_upload_within_tolerance_is_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = write_event_files(tmp_path / "events", files=3, events_per_file=100)
+    monkeypatch.setenv("STREAMKEEPER_FAIL_UPLOADS", "1")
+    spec = _spec(
+        tmp_path,
+        **{"checkpoint.externalized.enabled": True, "checkpoint.tolerable_failures": 1},
+    )
+    _run(spec)
+    beat = _heartbeat(spec)
+    assert beat["failed_checkpoints"] == 1 and beat["consecutive_failures"] == 0
+    assert "injected failure of checkpoint upload 1" in beat["last_failure"]
+    assert _totals(spec) == expected_results(files)[0]
+
+
+@pytest.mark.usefixtures("fresh_upload_faults")
+def test_a_failed_upload_beyond_tolerance_fails_the_job_before_any_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_event_files(tmp_path / "events", files=2, events_per_file=100)
+    monkeypatch.setenv("STREAMKEEPER_FAIL_UPLOADS", "1")
+    spec = _spec(tmp_path, **{"checkpoint.externalized.enabled": True})
+    with pytest.raises(CheckpointFailureLimitError, match="upload 1"):
+        _run(spec)
+    assert _heartbeat(spec)["state"] == "FAILED"
+    assert _totals(spec) == {}  # the checkpoint never became durable, so nothing is visible
