@@ -269,6 +269,10 @@ def test_spark_standalone_runs_a_job(
         assert addresses and addresses <= LOOPBACK
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    # Earlier tests in this process may have left a local session; getOrCreate would reuse it.
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
     spark = (
         SparkSession.builder.master(spark_cluster.master_url)
         .appName("streamkeeper-services-test")
