@@ -24,6 +24,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from streamkeeper.errors import SourceError, SpecError
+from streamkeeper.sources.offsets import parse_int_offset
 from streamkeeper.spec import SourceSpec
 from streamkeeper.storage import Location, S3Settings, resolve_root
 
@@ -150,13 +151,7 @@ def parse_version(offset: Mapping[str, Any]) -> int:
     Raises:
         SourceError: the offset is not a Delta offset (the checkpoint belongs to another source).
     """
-    version = offset.get("version") if isinstance(offset, Mapping) else None
-    if not isinstance(version, int) or isinstance(version, bool) or version < -1:
-        raise SourceError(
-            f"offset {offset!r} is not a Delta offset {{'version': V}}; the checkpoint was "
-            "written by another source: point checkpoint.dir at a new directory"
-        )
-    return version
+    return parse_int_offset(offset, "version", -1, "Delta")
 
 
 @dataclass(frozen=True)

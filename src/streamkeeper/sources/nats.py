@@ -23,6 +23,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from streamkeeper.errors import SourceError, SpecError
+from streamkeeper.sources.offsets import parse_int_offset
 from streamkeeper.spec import SourceSpec
 
 if TYPE_CHECKING:
@@ -114,13 +115,7 @@ def parse_seq(offset: Mapping[str, Any]) -> int:
     Raises:
         SourceError: the offset is not a NATS offset (the checkpoint belongs to another source).
     """
-    seq = offset.get("seq") if isinstance(offset, Mapping) else None
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise SourceError(
-            f"offset {offset!r} is not a NATS offset {{'seq': N}}; the checkpoint was written "
-            "by another source: point checkpoint.dir at a new directory"
-        )
-    return seq
+    return parse_int_offset(offset, "seq", 0, "NATS")
 
 
 def next_end(start: int, last: int, *, target: int | None, max_rows: int | None) -> int:
