@@ -100,7 +100,7 @@ def decoded(spark: Any, path: Path) -> tuple[int, int]:
 
 def run(name: str, events: Path, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One run from scratch; returns its figures with one entry per checkpoint."""
-    from streamkeeper.runner import RunOptions, resolve_paths, run_job
+    from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
     from streamkeeper.spec import load_spec
 
     backend, changelog, externalized, label = RUNS[name]
@@ -142,8 +142,8 @@ def checkpoint_rows(paths: Any, suffix: str | None) -> tuple[list[dict[str, Any]
     the last batch became visible."""
     from pyspark.sql import SparkSession
 
-    from streamkeeper.checkpoint_manifest import checkpoint_ids, read_manifest
-    from streamkeeper.history import CheckpointHistory
+    from streamkeeper.observability.history import CheckpointHistory
+    from streamkeeper.snapshots.manifest import checkpoint_ids, read_manifest
 
     store, layout, checkpoint = paths.root.store(), paths.layout, paths.checkpoint_dir
     manifests = {i: read_manifest(store, layout, i) for i in checkpoint_ids(store, layout)}

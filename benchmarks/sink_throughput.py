@@ -41,6 +41,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
+sys.path.insert(0, str(REPO))  # the sample job's events (jobs/) and local services (tests/)
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -193,7 +194,7 @@ def run_sink_mode(
     events: int,
     reference: dict[str, Any] | None,
 ) -> RunRecord:
-    from streamkeeper.runner import RunOptions, run_job
+    from streamkeeper.runtime.runner import RunOptions, run_job
     from streamkeeper.spec import load_spec
 
     spec = load_spec(SAMPLE_SPEC, spec_overrides(mode, root, checkpoint, events_dir))
@@ -249,8 +250,8 @@ def run_noop(
     events: int,
 ) -> RunRecord:
     """The same source, transformation and trigger into Spark's noop sink."""
-    from streamkeeper.runner import load_transform
-    from streamkeeper.session import build_session
+    from streamkeeper.runtime.runner import load_transform
+    from streamkeeper.runtime.session import build_session
     from streamkeeper.sources import build_source
     from streamkeeper.spec import load_spec
 
@@ -330,7 +331,7 @@ class Backend:
 
     def __enter__(self) -> Backend:
         if self.name == "s3":
-            from streamkeeper.services import start_seaweedfs
+            from tests.support.services import start_seaweedfs
 
             started = time.monotonic()
             self.server = start_seaweedfs(
@@ -549,7 +550,7 @@ class Bench:
         self.backend_info: dict[str, Any] = {}
 
     def prepare_input(self) -> None:
-        from streamkeeper.sample_events import expected_results, write_event_files
+        from jobs.keyed_totals.sample_events import expected_results, write_event_files
 
         args = self.args
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash infra/setup.sh
 VENV="${STREAMKEEPER_VENV:-.venv}"
-SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/streamkeeper" demo "$@"
+SPARK_LOCAL_IP=127.0.0.1 "$VENV/bin/python" infra/quickstart.py "$@"

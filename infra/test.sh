@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash infra/setup.sh
 VENV="${STREAMKEEPER_VENV:-.venv}"
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/$VENV/bin/python"
-"$VENV/bin/ruff" check src tests benchmarks jobs
-"$VENV/bin/ruff" format --check src tests benchmarks jobs
+"$VENV/bin/ruff" check src tests benchmarks jobs infra
+"$VENV/bin/ruff" format --check src tests benchmarks jobs infra
 "$VENV/bin/python" -m pytest -p no:cacheprovider "$@"

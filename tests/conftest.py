@@ -25,7 +25,7 @@ S3_BUCKET = "streamkeeper"
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real SeaweedFS S3 server on 127.0.0.1 for the whole session."""
-    from streamkeeper.services import start_seaweedfs
+    from tests.support.services import start_seaweedfs
 
     server = start_seaweedfs(
         tmp_path_factory.mktemp("seaweedfs"), S3_BUCKET, S3_ACCESS_KEY, S3_SECRET_KEY

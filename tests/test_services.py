@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streamkeeper.services import (
+from tests.support.services import (
     LocalService,
     NatsServer,
     SeaweedFS,
@@ -340,7 +340,7 @@ def test_nats_jetstream_publish_fetch(nats_server: NatsServer) -> None:
 def test_seaweedfs_readiness_probe_creates_missing_bucket(seaweedfs: SeaweedFS) -> None:
     from dataclasses import replace
 
-    from streamkeeper.services.seaweedfs import _bucket_probe
+    from tests.support.services.seaweedfs import _bucket_probe
 
     late = replace(seaweedfs, bucket="late-bucket")
     probe = _bucket_probe(late, create_after=0.2)

@@ -94,7 +94,7 @@ def run(
     if detach:
         _detach(spec)
         return
-    from streamkeeper.runner import RunOptions, main_guard, run_job
+    from streamkeeper.runtime.runner import RunOptions, main_guard, run_job
 
     main_guard()
     options = RunOptions(
@@ -154,9 +154,9 @@ DataRootOpt = Annotated[
 
 
 def _job_view(job: str, root: str) -> tuple[Any, Any, dict[str, Any] | None]:
-    from streamkeeper.control import ControlPlane
-    from streamkeeper.history import CheckpointHistory
-    from streamkeeper.layout import LineageLayout
+    from streamkeeper.lineage.control import ControlPlane
+    from streamkeeper.lineage.layout import LineageLayout
+    from streamkeeper.observability.history import CheckpointHistory
     from streamkeeper.storage import Location, S3Settings, resolve_root
 
     location = Location(resolve_root(root), S3Settings.from_env())
@@ -171,8 +171,8 @@ def _job_view(job: str, root: str) -> tuple[Any, Any, dict[str, Any] | None]:
 @app.command()
 def status(job: JobArg, root: DataRootOpt = ".streamkeeper/data") -> None:
     """Print the job's status (RUNNING, DEGRADED, FAILING, STOPPED, FAILED) and why."""
-    from streamkeeper.health import assess
-    from streamkeeper.report import print_table, status_table
+    from streamkeeper.observability.health import assess
+    from streamkeeper.observability.report import print_table, status_table
 
     _, history, heartbeat = _job_view(job, root)
     beat = heartbeat or {}
@@ -192,24 +192,10 @@ def checkpoints(
     last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 20,
 ) -> None:
     """Print the job's checkpoint history: duration, rows, rates, state, upload, visibility."""
-    from streamkeeper.report import checkpoints_table, print_table
+    from streamkeeper.observability.report import checkpoints_table, print_table
 
     _, history, _ = _job_view(job, root)
     print_table(checkpoints_table(job, history.read(last=last)))
-
-
-@app.command()
-def demo(
-    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its data.")] = Path(
-        ".streamkeeper/demo"
-    ),
-    files: Annotated[int, typer.Option(help="Event files to generate (one batch each).")] = 5,
-    events_per_file: Annotated[int, typer.Option(help="Events per file.")] = 20_000,
-) -> None:
-    """Generate sample events, run the sample job end to end, print where its output is."""
-    from streamkeeper.demo import run_demo
-
-    run_demo(workdir.resolve(), files=files, events_per_file=events_per_file)
 
 
 def main() -> None:

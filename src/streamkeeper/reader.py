@@ -23,7 +23,7 @@ def read_as_of_checkpoint(
     store_root: Location, lineage: str, seq: int | None = None
 ) -> dict[str, Any] | None:
     """The commit marker for `seq` (the latest if None): batch id and each table's version."""
-    from streamkeeper.layout import LineageLayout
+    from streamkeeper.lineage.layout import LineageLayout
 
     layout = LineageLayout(store_root, lineage, job=lineage)
     store = store_root.store()

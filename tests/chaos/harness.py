@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamkeeper.checkpoint import SparkCheckpoint
+from streamkeeper.commit.writer import seq_of_data_file
 from streamkeeper.reader import read_table_rows
+from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.storage import Location, S3Settings
-from streamkeeper.writer import seq_of_data_file
+from tests.support.driver import driver_env
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
@@ -73,11 +74,7 @@ class ChaosJob:
         return command
 
     def _environment(self, crash_at: str | None) -> dict[str, str]:
-        env = {**os.environ, **self.env, "STREAMKEEPER_SPARK_LOG_LEVEL": "ERROR"}
-        env.pop("STREAMKEEPER_CRASH_AT", None)
-        if crash_at:
-            env["STREAMKEEPER_CRASH_AT"] = crash_at
-        return env
+        return driver_env(crash_at, **self.env)
 
     def run(
         self,
@@ -168,7 +165,7 @@ class ChaosJob:
 
     def reference_after(self, batches: list[list[Path]]) -> tuple[dict, list]:
         """Totals and the changelog after the given batches, one update per batch and key."""
-        from streamkeeper.sample_events import read_events
+        from jobs.keyed_totals.sample_events import read_events
 
         counts: dict[str, int] = {}
         sums: dict[str, int] = {}
@@ -211,7 +208,7 @@ class ChaosJob:
         """Our data files in the append table's folder that the table does not reference."""
         import pyarrow.fs as pafs
 
-        from streamkeeper.delta_tables import TableTarget
+        from streamkeeper.commit.tables import TableTarget
 
         location = self._location("changes")
         target = TableTarget("changes", location, "", "")

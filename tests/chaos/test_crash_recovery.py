@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from streamkeeper.crashpoints import POINTS
-from streamkeeper.sample_events import expected_results, write_event_files
+from jobs.keyed_totals.sample_events import expected_results, write_event_files
+from streamkeeper.commit.crashpoints import POINTS
 from tests.chaos.harness import ChaosJob, InvariantViolation, crash_schedule
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(2400)]

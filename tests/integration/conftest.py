@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamkeeper.services import NatsServer, start_nats
+from tests.support.services import NatsServer, start_nats
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.errors import StorageError
-from streamkeeper.sample_events import write_event_files
-from streamkeeper.services import free_port
 from streamkeeper.storage import Location, S3Settings, probe
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from streamkeeper.checkpoint_manifest import CheckpointManifest, checkpoint_ids, read_manifest
-from streamkeeper.checkpoint_restore import restore_checkpoint
+from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.cli import app
-from streamkeeper.coordinator import CommitCoordinator
-from streamkeeper.history import CheckpointHistory
+from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.observability.history import CheckpointHistory
 from streamkeeper.reader import read_table_rows
-from streamkeeper.runner import RunOptions, RunResult, resolve_paths, run_job
-from streamkeeper.sample_events import expected_results, write_event_files
+from streamkeeper.runtime.runner import RunOptions, RunResult, resolve_paths, run_job
+from streamkeeper.snapshots.manifest import CheckpointManifest, checkpoint_ids, read_manifest
+from streamkeeper.snapshots.restore import restore_checkpoint
 from streamkeeper.spec import JobSpec, load_spec
 from tests.conftest import SAMPLE_SPEC
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.reader import read_table_rows
-from streamkeeper.sample_events import expected_results, write_event_files
 from tests.conftest import SAMPLE_SPEC
 
 pytestmark = pytest.mark.integration

@@ -7,24 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from streamkeeper import faults
-from streamkeeper.control import ControlPlane
-from streamkeeper.health import CheckpointFailureLimitError, assess
-from streamkeeper.history import CheckpointHistory
+from jobs.keyed_totals.sample_events import expected_results, write_event_files
+from streamkeeper import injection
+from streamkeeper.lineage.control import ControlPlane
+from streamkeeper.observability.health import CheckpointFailureLimitError, assess
+from streamkeeper.observability.history import CheckpointHistory
 from streamkeeper.reader import read_table_rows
-from streamkeeper.runner import RunOptions, resolve_paths, run_job
-from streamkeeper.sample_events import expected_results, write_event_files
+from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
 from streamkeeper.spec import JobSpec, load_spec
 from tests.conftest import SAMPLE_SPEC
+from tests.support import faults
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(autouse=True)
 def fresh_faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    faults._failed_batches.clear()
+    faults.reset()
+    faults.install()
     yield
-    faults._failed_batches.clear()
+    injection.clear()
+    faults.reset()
 
 
 def _spec(tmp_path: Path, **overrides: object) -> JobSpec:
@@ -127,9 +130,9 @@ def test_one_slow_batch_is_tolerated_and_the_next_resets_the_count(
 
 @pytest.fixture
 def fresh_upload_faults() -> Iterator[None]:
-    faults._failed_uploads = 0
+    faults.reset()
     yield
-    faults._failed_uploads = 0
+    faults.reset()
 
 
 @pytest.mark.usefixtures("fresh_upload_faults")

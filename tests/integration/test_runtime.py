@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.reader import read_table_rows
-from streamkeeper.runner import RunOptions, resolve_paths, run_job
-from streamkeeper.sample_events import expected_results, write_event_files
+from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
 from streamkeeper.spec import JobSpec, load_spec
 from streamkeeper.storage import Location, S3Settings
 from tests.conftest import SAMPLE_SPEC

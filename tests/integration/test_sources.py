@@ -26,12 +26,13 @@ from deltalake import DeltaTable, write_deltalake
 
 from streamkeeper.errors import SourceError
 from streamkeeper.reader import read_table_rows
-from streamkeeper.runner import RunOptions, resolve_paths, run_job
-from streamkeeper.services import NatsServer, free_port
+from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
 from streamkeeper.sources.delta import build_delta_source
 from streamkeeper.sources.nats import build_nats_source
 from streamkeeper.spec import JobSpec, SourceSpec, load_spec
 from streamkeeper.storage import Location, S3Settings
+from tests.support.driver import driver_env
+from tests.support.services import NatsServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -297,10 +298,7 @@ class Driver:
 
     def run(self, *, crash_at: str | None = None, kill_randomly: bool = False) -> str:
         """Run once: 'killed' or 'finished'; raises with the log if the driver failed."""
-        env = {**os.environ, "STREAMKEEPER_SPARK_LOG_LEVEL": "ERROR"}
-        env.pop("STREAMKEEPER_CRASH_AT", None)
-        if crash_at:
-            env["STREAMKEEPER_CRASH_AT"] = crash_at
+        env = driver_env(crash_at)
         log_path = self.workdir / f"run-{len(self.history) + 1}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(

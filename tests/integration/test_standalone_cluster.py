@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.reader import read_table_rows
-from streamkeeper.sample_events import expected_results, write_event_files
-from streamkeeper.services import SparkStandalone, start_spark_standalone
 from tests.conftest import SAMPLE_SPEC
+from tests.support.services import SparkStandalone, start_spark_standalone
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 

@@ -14,17 +14,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamkeeper.checkpoint_manifest import (
+from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.snapshots.externalized import CheckpointUploader
+from streamkeeper.snapshots.manifest import (
     CheckpointRestoreError,
     FileTransfer,
     checkpoint_ids,
     read_manifest,
     scan_checkpoint,
 )
-from streamkeeper.checkpoint_restore import restore_checkpoint
-from streamkeeper.checkpoint_store import CheckpointUploader
-from streamkeeper.layout import LineageLayout
-from streamkeeper.retention import apply_retention, discard_all
+from streamkeeper.snapshots.restore import restore_checkpoint
+from streamkeeper.snapshots.retention import apply_retention, discard_all
 from streamkeeper.storage import LocalStore, Location
 
 PATHS = ["state/0/0/1.delta", "state/0/0/2.delta", "state/0/1/SSTs/000008-a.sst", "offsets/0"]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from streamkeeper.control import ControlPlane, Heartbeat, Lease
 from streamkeeper.errors import AlreadyRunningError, FencedError
-from streamkeeper.layout import LineageLayout
+from streamkeeper.lineage.control import ControlPlane, Heartbeat, Lease
+from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import LocalStore, Location
 
 

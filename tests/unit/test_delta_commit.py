@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamkeeper.delta_tables import TableCommitter, TableTarget, ensure_table
+from streamkeeper.commit.tables import TableCommitter, TableTarget, ensure_table
+from streamkeeper.commit.wal import DataFile, SinkBatch
 from streamkeeper.errors import FencedError, SchemaMismatchError
 from streamkeeper.storage import Location
-from streamkeeper.wal import DataFile, SinkBatch
 
 SCHEMA = pa.schema([("key", pa.string()), ("total", pa.int64())])
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamkeeper.health import (
+from streamkeeper.observability.health import (
     BatchTimeoutWatch,
     CheckpointFailureLimitError,
     CheckpointHealth,

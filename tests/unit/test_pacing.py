@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from streamkeeper.pacing import MinPause
+from streamkeeper.runtime.pacing import MinPause
 
 
 class FakeClock:

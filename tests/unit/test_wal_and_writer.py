@@ -10,16 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamkeeper.errors import CorruptManifestError
-from streamkeeper.layout import LineageLayout
-from streamkeeper.storage import LocalStore, Location
-from streamkeeper.wal import DataFile, Manifest, SinkBatch, WriteAheadLog
-from streamkeeper.writer import (
+from streamkeeper.commit.wal import DataFile, Manifest, SinkBatch, WriteAheadLog
+from streamkeeper.commit.writer import (
     SinkWritePlan,
     data_file_name,
     make_partition_writer,
     seq_of_data_file,
 )
+from streamkeeper.errors import CorruptManifestError
+from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.storage import LocalStore, Location
 
 
 @pytest.fixture

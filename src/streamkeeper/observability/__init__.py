@@ -1,0 +1,1 @@
+"""What a job did and how it is doing: checkpoint history, health, status, reports."""

@@ -1,0 +1,147 @@
+"""Watches one running query: checkpoint timeouts, commit failures, and the history table.
+
+The driver's main thread runs `QuerySupervisor.watch` while Spark runs batches and the
+commit coordinator commits them. It is the checkpoint watchdog Spark lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.errors import StreamkeeperError
+from streamkeeper.observability.health import BatchTimeoutWatch, CheckpointHealth
+from streamkeeper.observability.history import (
+    CheckpointHistory,
+    CheckpointRecord,
+    record_from_progress,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.25
+HISTORY_FLUSH_SECONDS = 2.0
+
+
+class QueryFailedError(StreamkeeperError):
+    """The streaming query stopped with an error (a failed checkpoint)."""
+
+
+class QuerySupervisor:
+    """Runs until the query ends; raises on a failure the health model does not tolerate."""
+
+    def __init__(
+        self,
+        *,
+        query: StreamingQuery,
+        coordinator: CommitCoordinator,
+        health: CheckpointHealth,
+        history: CheckpointHistory,
+        timeout: float,
+        stop_requested: threading.Event,
+    ) -> None:
+        self.query = query
+        self.coordinator = coordinator
+        self.health = health
+        self.history = history
+        self.watch = BatchTimeoutWatch(timeout)
+        self.timeout = timeout
+        self.stop_requested = stop_requested
+        self.data_available = False
+        self._recorded: set[int] = set()
+        self._last_flush = time.monotonic()
+
+    def watch_until_done(self) -> None:
+        try:
+            while self.query.isActive:
+                if self._await_termination():
+                    break
+                self._check()
+            failure = self.query.exception()
+            if failure is not None and not self.stop_requested.is_set():
+                raise QueryFailedError(f"streaming query failed: {_root_cause(str(failure))}")
+            self.coordinator.drain()
+        except BaseException:
+            self._stop_query()
+            raise
+        finally:
+            self.coordinator.stop()
+            self._flush_history(final=True)
+
+    def _await_termination(self) -> bool:
+        """True once the query ended; its error, if any, is read from `exception()`."""
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            return bool(self.query.awaitTermination(POLL_SECONDS))
+        except StreamingQueryException:
+            return True
+
+    def _check(self) -> None:
+        if self.coordinator.failure is not None:
+            raise self.coordinator.failure
+        status = self.query.status
+        self.data_available = bool(status.get("isDataAvailable"))
+        batch = self._current_batch()
+        if self.watch.observe(batch, bool(status.get("isTriggerActive")), time.monotonic()):
+            self.coordinator.mark_timed_out(batch)
+            self.health.failed(f"checkpoint {batch} exceeded checkpoint.timeout {self.timeout:g}s")
+        if time.monotonic() - self._last_flush >= HISTORY_FLUSH_SECONDS:
+            self._flush_history(final=False)
+
+    def _current_batch(self) -> int:
+        last = self.query.lastProgress
+        return int(last["batchId"]) + 1 if last else 0
+
+    def _stop_query(self) -> None:
+        try:
+            if self.query.isActive:
+                self.query.stop()
+        except Exception:  # noqa: BLE001 - already failing; the first error is the one to report
+            log.exception("could not stop the query")
+
+    def _flush_history(self, *, final: bool) -> None:
+        """Append a history row for each batch whose progress and commit are both known."""
+        self._last_flush = time.monotonic()
+        records: list[CheckpointRecord] = []
+        try:
+            progresses = [json.loads(p.json) for p in self.query.recentProgress]
+        except Exception:  # noqa: BLE001 - the JVM may be gone after a failure
+            return
+        for progress in progresses:
+            batch = int(progress["batchId"])
+            facts = self.coordinator.checkpoint_facts(batch)
+            if batch in self._recorded or progress.get("numInputRows") is None:
+                continue
+            if facts is None and not final:
+                continue  # not committed yet; the next flush picks it up
+            records.append(record_from_progress(progress, **(facts or {})))
+            self._recorded.add(batch)
+        try:
+            self.history.append(records)
+        except Exception:  # noqa: BLE001 - history is observability, never a reason to fail
+            log.exception("could not append %d checkpoint history rows", len(records))
+
+
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Fault|Exit)): (.+)$")
+
+
+def _root_cause(text: str) -> str:
+    """The Python error behind Spark's wrapped foreachBatch failure, else the first line."""
+    causes = [
+        line.strip()
+        for line in text.splitlines()
+        if _PYTHON_ERROR.match(line.strip())
+        and not line.strip().startswith(("py4j.", "org.apache.", "java.", "pyspark.errors"))
+    ]
+    if causes:
+        return causes[-1]
+    return text.strip().splitlines()[0] if text.strip() else text

@@ -1,0 +1,129 @@
+"""Restore an externalized checkpoint into an empty local Spark checkpoint directory.
+
+`streamkeeper run SPEC --from-checkpoint latest|ID` calls it before the query starts, on
+a machine whose checkpoint directory was lost (or on a new one). Restoring the latest
+checkpoint resumes exactly where the visible output ends (see checkpoint_store);
+restoring an older one rewinds the job, and the batches after it run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.snapshots.manifest import (
+    WORKERS,
+    CheckpointFile,
+    CheckpointManifest,
+    CheckpointRestoreError,
+    FileTransfer,
+    checkpoint_ids,
+    read_manifest,
+    sha256_of,
+)
+from streamkeeper.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def restore_checkpoint(
+    store: ObjectStore,
+    layout: LineageLayout,
+    local_dir: Path,
+    checkpoint: str | int = "latest",
+) -> CheckpointManifest:
+    """Rebuild a Spark checkpoint directory from an externalized checkpoint.
+
+    Files are downloaded into a sibling folder, verified against their sha256 and
+    renamed into place at the end, so an interrupted restore leaves `local_dir` empty.
+
+    Args:
+        store: the storage root's object store.
+        layout: the lineage's keys.
+        local_dir: the job's checkpoint directory; it must be empty or absent.
+        checkpoint: "latest" or a checkpoint id.
+
+    Raises:
+        CheckpointRestoreError: the directory is not empty, the id does not exist, or a
+            file is missing or corrupt.
+    """
+    local_dir = Path(local_dir).resolve()
+    if local_dir.exists() and (not local_dir.is_dir() or any(local_dir.iterdir())):
+        raise CheckpointRestoreError(
+            f"cannot restore checkpoint {checkpoint!r} into {str(local_dir)!r}: it is not "
+            "empty; move it away or delete it first, or start without --from-checkpoint "
+            "to resume from what it holds"
+        )
+    manifest = _choose(store, layout, checkpoint)
+    staging = local_dir.parent / f".{local_dir.name}.restore-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    transfer = FileTransfer(store)
+    try:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            list(pool.map(lambda f: _fetch(transfer, f, staging, manifest), manifest.files))
+        os.replace(staging, local_dir)  # onto an empty directory too (rename(2))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info(
+        "restored checkpoint %d (batch %d, %d files, %d bytes) into %s",
+        manifest.checkpoint_id,
+        manifest.batch_id,
+        len(manifest.files),
+        manifest.size,
+        local_dir,
+    )
+    return manifest
+
+
+def _choose(store: ObjectStore, layout: LineageLayout, checkpoint: str | int) -> CheckpointManifest:
+    ids = checkpoint_ids(store, layout)
+    where = f"lineage {layout.lineage!r} under {layout.root.uri!r}"
+    if not ids:
+        raise CheckpointRestoreError(
+            f"no externalized checkpoints for {where}; enable checkpoint.externalized and "
+            "let the job complete a batch, or start without --from-checkpoint"
+        )
+    wanted = ids[-1] if checkpoint == "latest" else _parse_id(checkpoint)
+    manifest = read_manifest(store, layout, wanted) if wanted in ids else None
+    if manifest is None:
+        # Ids are commit seqs; the batch each one resumes after helps pick one.
+        available = [read_manifest(store, layout, i) for i in ids]
+        listed = ", ".join(f"{m.checkpoint_id} (batch {m.batch_id})" for m in available if m)
+        raise CheckpointRestoreError(
+            f"checkpoint {checkpoint!r} does not exist for {where}; available: {listed} "
+            "(or 'latest')"
+        )
+    return manifest
+
+
+def _parse_id(checkpoint: str | int) -> int:
+    if isinstance(checkpoint, int) or str(checkpoint).isdigit():
+        return int(checkpoint)
+    raise CheckpointRestoreError(
+        f"checkpoint {checkpoint!r} is neither 'latest' nor a checkpoint id (a number)"
+    )
+
+
+def _fetch(
+    transfer: FileTransfer, file: CheckpointFile, staging: Path, manifest: CheckpointManifest
+) -> None:
+    target = staging / file.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        transfer.get(file.key, target, file.size)
+    except FileNotFoundError:
+        raise CheckpointRestoreError(
+            f"checkpoint {manifest.checkpoint_id} lists {file.path!r} as {file.key!r}, which "
+            "is missing from storage; restore another checkpoint id"
+        ) from None
+    if target.stat().st_size != file.size or sha256_of(target) != file.sha256:
+        raise CheckpointRestoreError(
+            f"checkpoint {manifest.checkpoint_id}: {file.key!r} does not match its "
+            f"recorded size/sha256 for {file.path!r}; restore another checkpoint id"
+        )
+    os.utime(target, ns=(file.mtime_ns, file.mtime_ns))  # so uploads after restore dedup

@@ -1,0 +1,98 @@
+"""Faults injected into the runtime's `injection` points, configured by environment.
+
+A driver process started by a test loads this module with
+`STREAMKEEPER_INJECT=tests.support.faults` (and the repository on PYTHONPATH); an
+in-process test calls `install()` itself. Each variable is read when its point is
+reached, so a test may change it between runs:
+
+- `STREAMKEEPER_CRASH_AT=point[:n]` — SIGKILL this process the n-th time (default 1st)
+  it reaches a crash point of the commit protocol (`streamkeeper.commit.crashpoints`).
+- `STREAMKEEPER_SLOW_BATCHES=1,2:2.5` — batches 1 and 2 take 2.5 s longer.
+- `STREAMKEEPER_FAIL_BATCHES=3` — the first attempt of batch 3 raises (its replay succeeds).
+- `STREAMKEEPER_FAIL_UPLOADS=2` — the first 2 checkpoint uploads raise.
+- `STREAMKEEPER_SLOW_COMMITS=0.5` — every table commit takes 0.5 s longer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from streamkeeper import injection
+from streamkeeper.commit.crashpoints import POINTS
+
+_failed_batches: set[int] = set()
+_failed_uploads = 0
+_crash_counts: dict[str, int] = {}
+
+
+class InjectedFault(RuntimeError):
+    """A failure a test asked for."""
+
+
+def reset() -> None:
+    """Forget which faults already fired (between in-process tests)."""
+    global _failed_uploads
+    _failed_batches.clear()
+    _failed_uploads = 0
+    _crash_counts.clear()
+
+
+def _crash_target() -> tuple[str, int] | None:
+    raw = os.environ.get("STREAMKEEPER_CRASH_AT")
+    if not raw:
+        return None
+    point, _, nth = raw.partition(":")
+    if point not in POINTS:
+        raise ValueError(f"STREAMKEEPER_CRASH_AT={raw!r} names no crash point; one of {POINTS}")
+    return point, int(nth or 1)
+
+
+def crash_if_asked(point: str) -> None:
+    target = _crash_target()
+    if target is None or target[0] != point:
+        return
+    _crash_counts[point] = _crash_counts.get(point, 0) + 1
+    if _crash_counts[point] == target[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _batch_ids(variable: str) -> tuple[set[int], str]:
+    raw = os.environ.get(variable, "")
+    ids, _, argument = raw.partition(":")
+    return {int(i) for i in ids.split(",") if i.strip()}, argument
+
+
+def before_batch(batch_id: int, **_context: object) -> None:
+    slow, seconds = _batch_ids("STREAMKEEPER_SLOW_BATCHES")
+    if batch_id in slow:
+        time.sleep(float(seconds or 2.0))
+    failing, _ = _batch_ids("STREAMKEEPER_FAIL_BATCHES")
+    if batch_id in failing and batch_id not in _failed_batches:
+        _failed_batches.add(batch_id)
+        raise InjectedFault(f"injected failure of batch {batch_id}")
+
+
+def before_upload(**_context: object) -> None:
+    global _failed_uploads
+    limit = int(os.environ.get("STREAMKEEPER_FAIL_UPLOADS", "0") or 0)
+    if _failed_uploads < limit:
+        _failed_uploads += 1
+        raise InjectedFault(f"injected failure of checkpoint upload {_failed_uploads}")
+
+
+def before_table_commit(**_context: object) -> None:
+    delay = float(os.environ.get("STREAMKEEPER_SLOW_COMMITS", "0") or 0)
+    if delay > 0:
+        time.sleep(delay)
+
+
+def install() -> None:
+    """Register every fault handler (idempotent)."""
+    injection.clear()
+    for point in POINTS:
+        injection.register(point, lambda point=point, **_c: crash_if_asked(point))
+    injection.register("batch_start", before_batch)
+    injection.register("before_upload", before_upload)
+    injection.register("before_table_commit", before_table_commit)
