@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +17,12 @@ from streamkeeper.storage.location import Location, S3Settings
 
 
 class ObjectStore:
-    """Small JSON objects by key. Writes are atomic; `create` is put-if-absent."""
+    """Small JSON objects by key. Writes are atomic; `create` is put-if-absent.
+
+    Versioned access (`read_versioned`, `write_if`, `delete_if`) is compare-and-swap on
+    an opaque version tag (the S3 ETag; a content hash locally): what the control plane
+    uses so that an older runner can never overwrite what a newer one wrote.
+    """
 
     def read_json(self, key: str) -> dict[str, Any] | None:
         raise NotImplementedError
@@ -22,21 +32,58 @@ class ObjectStore:
 
     def create_json(self, key: str, value: dict[str, Any]) -> bool:
         """Write only if absent. Returns False if the key already existed."""
+        return self.write_if(key, value, None) is not None
+
+    def read_versioned(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The object and its version tag; (None, None) if absent."""
+        raise NotImplementedError
+
+    def write_if(self, key: str, value: dict[str, Any], expected: str | None) -> str | None:
+        """Write if the object is still at version `expected` (None: only if absent).
+
+        Values must be unique per writer (a token, a time): a write whose response was
+        lost is recognised on retry by the object holding exactly its bytes.
+
+        Returns:
+            The new version tag, or None if the precondition failed (nothing written).
+        """
+        raise NotImplementedError
+
+    def delete_if(self, key: str, expected: str) -> bool:
+        """Delete if the object is still at version `expected`; False if it was not."""
         raise NotImplementedError
 
     def exists(self, key: str) -> bool:
         raise NotImplementedError
 
-    def list(self, prefix: str) -> list[str]:
-        """Keys under `prefix` (a folder path, no trailing slash), sorted."""
+    def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        """Keys under `prefix` (a folder path, no trailing slash), sorted.
+
+        Args:
+            start_after: only keys lexically after this one (a key under `prefix`), so a
+                caller that knows where the interesting tail begins does not pay for the
+                whole folder (S3 StartAfter).
+        """
+        raise NotImplementedError
+
+    def children(self, prefix: str) -> list[str]:
+        """Names of the immediate sub-folders of `prefix`, sorted."""
         raise NotImplementedError
 
     def delete(self, keys: list[str]) -> None:
         raise NotImplementedError
 
 
+def _tag(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
 class LocalStore(ObjectStore):
-    """The embedded default: files below a local directory."""
+    """The embedded default: files below a local directory.
+
+    Compare-and-swap holds across processes of this host: it runs under an exclusive
+    `flock` on a hidden lock file beside the object.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -50,15 +97,17 @@ class LocalStore(ObjectStore):
         except FileNotFoundError:
             return None
 
-    def write_json(self, key: str, value: dict[str, Any]) -> None:
-        path = self._path(key)
+    def _replace(self, path: Path, body: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "w") as handle:
-            json.dump(value, handle)
+        with open(tmp, "wb") as handle:
+            handle.write(body)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+
+    def write_json(self, key: str, value: dict[str, Any]) -> None:
+        self._replace(self._path(key), json.dumps(value).encode())
 
     def create_json(self, key: str, value: dict[str, Any]) -> bool:
         path = self._path(key)
@@ -73,18 +122,67 @@ class LocalStore(ObjectStore):
         finally:
             tmp.unlink()
 
+    def read_versioned(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            body = self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None, None
+        return json.loads(body), _tag(body)
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _current_tag(self, path: Path) -> str | None:
+        try:
+            return _tag(path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def write_if(self, key: str, value: dict[str, Any], expected: str | None) -> str | None:
+        path = self._path(key)
+        body = json.dumps(value).encode()
+        with self._locked(path):
+            if self._current_tag(path) != expected:
+                return None
+            self._replace(path, body)
+        return _tag(body)
+
+    def delete_if(self, key: str, expected: str) -> bool:
+        path = self._path(key)
+        with self._locked(path):
+            if self._current_tag(path) != expected:
+                return False
+            path.unlink()
+        return True
+
     def exists(self, key: str) -> bool:
         return self._path(key).exists()
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         folder = self._path(prefix)
         if not folder.is_dir():
             return []
-        return sorted(
+        keys = sorted(
             f"{prefix}/{p.relative_to(folder).as_posix()}"
             for p in folder.rglob("*")
             if p.is_file() and not p.name.startswith(".")
         )
+        if start_after is not None:
+            keys = keys[bisect.bisect_right(keys, start_after) :]
+        return keys
+
+    def children(self, prefix: str) -> list[str]:
+        folder = self._path(prefix)
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -132,20 +230,42 @@ class S3Store(ObjectStore):
             Bucket=self.bucket, Key=self._key(key), Body=json.dumps(value).encode()
         )
 
-    def create_json(self, key: str, value: dict[str, Any]) -> bool:
+    def read_versioned(self, key: str) -> tuple[dict[str, Any] | None, str | None]:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except self.client.exceptions.NoSuchKey:
+            return None, None
+        return json.loads(response["Body"].read()), response["ETag"]
+
+    def write_if(self, key: str, value: dict[str, Any], expected: str | None) -> str | None:
+        from botocore.exceptions import ClientError
+
+        body = json.dumps(value).encode()
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        try:
+            response = self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=body, **condition
+            )
+            return response["ETag"]
+        except ClientError as error:
+            if _error_code(error) not in _PRECONDITION_FAILED:
+                raise
+        # A retry of a write whose response was lost fails its own precondition: if the
+        # object now holds exactly our bytes, the write landed.
+        current = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        return current["ETag"] if current["Body"].read() == body else None
+
+    def delete_if(self, key: str, expected: str) -> bool:
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=self._key(key),
-                Body=json.dumps(value).encode(),
-                IfNoneMatch="*",
-            )
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key), IfMatch=expected)
             return True
         except ClientError as error:
-            code = error.response.get("Error", {}).get("Code", "")
-            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412"):
+            code = _error_code(error)
+            if code in ("NoSuchKey", "404"):
+                return True  # gone already (a retry of a delete whose response was lost)
+            if code in _PRECONDITION_FAILED:
                 return False
             raise
 
@@ -160,14 +280,24 @@ class S3Store(ObjectStore):
                 return False
             raise
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         full = self._key(prefix).rstrip("/") + "/"
         strip = len(self.prefix) + 1 if self.prefix else 0
+        extra = {"StartAfter": self._key(start_after)} if start_after is not None else {}
         keys: list[str] = []
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full, **extra):
             keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         return sorted(keys)
+
+    def children(self, prefix: str) -> list[str]:
+        full = self._key(prefix).rstrip("/") + "/"
+        names: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+            common = page.get("CommonPrefixes", [])
+            names.extend(p["Prefix"][len(full) :].rstrip("/") for p in common)
+        return sorted(names)
 
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
@@ -177,3 +307,11 @@ class S3Store(ObjectStore):
                     Bucket=self.bucket,
                     Delete={"Objects": [{"Key": self._key(k)} for k in chunk], "Quiet": True},
                 )
+
+
+_PRECONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+def _error_code(error: Exception) -> str:
+    response = getattr(error, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
