@@ -118,7 +118,7 @@ def run(
                 "recovered": {
                     "committed": result.recovery.committed,
                     "discarded": result.recovery.discarded,
-                    "orphans_removed": len(result.recovery.orphans_removed),
+                    "files_removed": len(result.recovery.files_removed),
                 },
                 "tables": result.tables,
             }

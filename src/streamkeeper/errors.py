@@ -33,3 +33,15 @@ class AlreadyRunningError(StreamkeeperError):
 
 class SourceError(StreamkeeperError):
     """A source is unreachable or missing, or cannot replay the offsets a checkpoint asks for."""
+
+
+class CheckpointRestoreError(StreamkeeperError):
+    """An externalized checkpoint (or savepoint) cannot be restored as asked."""
+
+
+class CheckpointFailureLimitError(StreamkeeperError):
+    """More consecutive checkpoint failures than `checkpoint.tolerable_failures`."""
+
+
+class QueryFailedError(StreamkeeperError):
+    """The streaming query stopped with an error (a failed checkpoint)."""

@@ -120,6 +120,8 @@ class SinkSpec(_Strict):
     columns: list[str] | None = None
     where: str | None = None
     mode: DeliveryMode | None = None
+    # Several jobs may append to one table only if each says so (else: refused at start).
+    shared: bool = False
 
     @model_validator(mode="after")
     def _merge_needs_key(self) -> SinkSpec:
@@ -154,6 +156,9 @@ class CheckpointSpec(_Strict):
     timeout: Duration = 600.0
     min_pause: Duration = 0.0
     tolerable_failures: Annotated[int, Field(ge=0)] = 0
+    # Completed checkpoints whose commit may be pending at once; one more makes the next
+    # batch wait at its end (backpressure). Flink's max concurrent checkpoints.
+    max_concurrent: Annotated[int, Field(ge=1, le=16)] = 2
     externalized: ExternalizedSpec = Field(default_factory=ExternalizedSpec)
 
     @model_validator(mode="after")

@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamkeeper.commit.writer import seq_of_data_file
+from deltalake.exceptions import TableNotFoundError
+
+from streamkeeper.commit.tables import TableTarget
 from streamkeeper.reader import read_table_rows
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.storage import Location, S3Settings
@@ -204,23 +206,25 @@ class ChaosJob:
             )
         return totals_at, changes_at
 
-    def unreferenced_files(self) -> list[str]:
-        """Our data files in the append table's folder that the table does not reference."""
-        import pyarrow.fs as pafs
-
-        from streamkeeper.commit.tables import TableTarget
-
-        location = self._location("changes")
-        target = TableTarget("changes", location, "", "")
-        referenced = {Path(f).name for f in target.open().file_uris()}
-        infos = location.arrow_filesystem().get_file_info(
-            pafs.FileSelector(location.fs_path, allow_not_found=True)
-        )
-        return [
-            i.base_name
-            for i in infos
-            if seq_of_data_file(i.base_name) is not None and i.base_name not in referenced
-        ]
+    def unreferenced_files(self, lineage: str = "keyed-totals") -> list[str]:
+        """Pre-committed files of the lineage no table references, and WAL leftovers."""
+        leftovers = []
+        for sink in ("totals", "changes"):
+            location = self._location(sink)
+            target = TableTarget(sink, location, "", "")
+            try:
+                referenced = {f.split(f"{location.uri}/", 1)[-1] for f in target.open().file_uris()}
+            except TableNotFoundError:
+                referenced = set()
+            folder = location.child(f"sk-{lineage}").store()
+            leftovers += [
+                f"{sink}/sk-{lineage}/{key}"
+                for key in folder.list("")
+                if f"sk-{lineage}/{key}" not in referenced
+            ]
+        root = Location(self.root, S3Settings.from_env() if self.root.startswith("s3://") else None)
+        leftovers += root.store().list(f"lineages/{lineage}/wal")
+        return leftovers
 
 
 def _kill_group(process: subprocess.Popen) -> None:

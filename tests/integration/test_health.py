@@ -9,8 +9,9 @@ import pytest
 
 from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper import injection
+from streamkeeper.errors import CheckpointFailureLimitError
 from streamkeeper.lineage.control import ControlPlane
-from streamkeeper.observability.health import CheckpointFailureLimitError, assess
+from streamkeeper.observability.health import assess
 from streamkeeper.observability.history import CheckpointHistory
 from streamkeeper.reader import read_table_rows
 from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
@@ -102,14 +103,23 @@ def test_a_failed_batch_beyond_tolerance_fails_the_job(
     assert _totals(spec) == expected_results(files[:1])[0]  # batch 0 only, nothing of batch 1
 
 
+def _warm_lineage(tmp_path: Path) -> list[Path]:
+    """One batch with the default timeout: a query's first batch pays its start-up (Python
+    workers, state store), which on a busy machine outlasts the short timeouts below."""
+    files = write_event_files(tmp_path / "events", files=1, events_per_file=100)
+    _run(_spec(tmp_path))
+    return files
+
+
 def test_slow_batches_count_as_failed_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    write_event_files(tmp_path / "events", files=4, events_per_file=100)
-    monkeypatch.setenv("STREAMKEEPER_SLOW_BATCHES", "1,2:3")
-    spec = _spec(tmp_path, **{"checkpoint.timeout": "1s", "checkpoint.tolerable_failures": 1})
+    _warm_lineage(tmp_path)
+    write_event_files(tmp_path / "events", files=4, events_per_file=100, first_file=1)
+    monkeypatch.setenv("STREAMKEEPER_SLOW_BATCHES", "2,3:4")
+    spec = _spec(tmp_path, **{"checkpoint.timeout": "2s", "checkpoint.tolerable_failures": 1})
     with pytest.raises(
-        CheckpointFailureLimitError, match="checkpoint 2 exceeded checkpoint.timeout"
+        CheckpointFailureLimitError, match="checkpoint 3 exceeded checkpoint.timeout"
     ):
         _run(spec)
     assert _heartbeat(spec)["state"] == "FAILED"
@@ -118,13 +128,14 @@ def test_slow_batches_count_as_failed_checkpoints(
 def test_one_slow_batch_is_tolerated_and_the_next_resets_the_count(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = write_event_files(tmp_path / "events", files=3, events_per_file=100)
-    monkeypatch.setenv("STREAMKEEPER_SLOW_BATCHES", "1:3")
-    spec = _spec(tmp_path, **{"checkpoint.timeout": "1s", "checkpoint.tolerable_failures": 1})
+    files = _warm_lineage(tmp_path)
+    files += write_event_files(tmp_path / "events", files=3, events_per_file=100, first_file=1)
+    monkeypatch.setenv("STREAMKEEPER_SLOW_BATCHES", "2:4")
+    spec = _spec(tmp_path, **{"checkpoint.timeout": "2s", "checkpoint.tolerable_failures": 1})
     _run(spec)
     beat = _heartbeat(spec)
     assert beat["failed_checkpoints"] == 1 and beat["consecutive_failures"] == 0
-    assert "checkpoint 1 exceeded" in beat["last_failure"]
+    assert "checkpoint 2 exceeded" in beat["last_failure"]
     assert _totals(spec) == expected_results(files)[0]
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from streamkeeper.errors import FencedError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.externalized import CheckpointUploader
 from streamkeeper.snapshots.manifest import (
@@ -24,7 +25,6 @@ from streamkeeper.snapshots.manifest import (
     scan_checkpoint,
 )
 from streamkeeper.snapshots.restore import restore_checkpoint
-from streamkeeper.snapshots.retention import apply_retention, discard_all
 from streamkeeper.storage import LocalStore, Location
 
 PATHS = ["state/0/0/1.delta", "state/0/0/2.delta", "state/0/1/SSTs/000008-a.sst", "offsets/0"]
@@ -42,7 +42,8 @@ class Harness:
         self.local = base / "checkpoint"
         self.store = LocalStore(base / "data")
         self.layout = LineageLayout(Location(str(base / "data")), "lin", "job")
-        self.uploader = CheckpointUploader(self.store, self.layout, self.local)
+        self.epoch = 1
+        self.uploader = CheckpointUploader(self.store, self.layout, self.local, epoch=1)
         self.batch = -1
         self.next_id = 100  # checkpoint ids are commit seqs: not batch ids, not from 0
         self.expected: dict[int, Tree] = {}
@@ -83,7 +84,8 @@ def _check_every_manifest_is_restorable(h: Harness) -> None:
         assert {f.path for f in manifest.files} == set(h.expected[checkpoint_id])
         for f in manifest.files:
             data = (h.store.root / f.key).read_bytes()  # exists: else FileNotFoundError
-            assert hashlib.sha256(data).hexdigest() == f.sha256 == f.key.rsplit("/", 1)[1]
+            name = f.key.rsplit("/", 1)[1]  # {sha256}.e{epoch that uploaded it}
+            assert hashlib.sha256(data).hexdigest() == f.sha256 == name.split(".e")[0]
             assert data == h.expected[checkpoint_id][f.path]
 
 
@@ -105,14 +107,17 @@ def _crash_before_manifest(h: Harness, files: dict[str, int]) -> None:
     h.write_tree(files)
     with pytest.raises(RuntimeError, match="machine lost"):
         h.uploader.upload(h.next_id + 1, guard=lose_the_machine)
-    h.uploader = CheckpointUploader(h.store, h.layout, h.local)  # the next runner start
+    # The next runner start: a new epoch takes the index over and sweeps the leftovers.
+    h.epoch += 1
+    h.uploader = CheckpointUploader(h.store, h.layout, h.local, epoch=h.epoch)
+    h.uploader.take_ownership()
+    assert h.stored_keys() == h.referenced()
 
 
 def _retain(h: Harness, keep: int) -> None:
     ids_before = checkpoint_ids(h.store, h.layout)
-    report = apply_retention(h.store, h.layout, keep)
-    h.uploader.retain_only(report.retained)
-    assert checkpoint_ids(h.store, h.layout) == ids_before[-keep:] == report.retained
+    retained = h.uploader.retain(keep)
+    assert checkpoint_ids(h.store, h.layout) == ids_before[-keep:] == retained
     # Nothing referenced is gone (checked below); nothing unreferenced is left.
     assert h.stored_keys() == h.referenced()
 
@@ -248,13 +253,52 @@ def test_restore_of_a_specific_id_keeps_mtimes_so_uploads_after_it_dedup(
     assert restore_checkpoint(harness.store, harness.layout, restored, checkpoint=1) == first
     for f in first.files:
         assert os.stat(restored / f.path).st_mtime_ns == f.mtime_ns
-    again = CheckpointUploader(harness.store, harness.layout, restored).upload(3)
+    again = CheckpointUploader(harness.store, harness.layout, restored, epoch=2).upload(3)
     assert again.uploaded_files == 0 and again.keys == first.keys
 
 
 def test_discard_all_deletes_every_checkpoint(harness: Harness) -> None:
     harness.write_tree({"offsets/0": 0})
     harness.uploader.upload(1)
-    discard_all(harness.store, harness.layout)
+    harness.uploader.discard_all()
     assert checkpoint_ids(harness.store, harness.layout) == []
     assert harness.stored_keys() == set()
+
+
+def test_a_fenced_uploader_can_neither_add_nor_drop_checkpoints(harness: Harness) -> None:
+    harness.expected[1] = harness.write_tree({"offsets/0": 0, "state/0/0/1.delta": 1})
+    harness.uploader.upload(1)
+    newer = CheckpointUploader(harness.store, harness.layout, harness.local, epoch=2)
+    newer.take_ownership()
+    harness.write_tree({"offsets/0": 0, "state/0/0/2.delta": 2})
+    with pytest.raises(FencedError, match="epoch 2 owns its checkpoint index"):
+        harness.uploader.upload(2)
+    with pytest.raises(FencedError):
+        harness.uploader.retain(1)
+    with pytest.raises(FencedError):
+        harness.uploader.discard_all()
+    assert checkpoint_ids(harness.store, harness.layout) == [1]
+    _check_every_manifest_is_restorable(harness)
+
+
+def test_sweep_never_deletes_what_a_newer_epoch_uploaded(harness: Harness) -> None:
+    harness.write_tree({"offsets/0": 0})
+    harness.uploader.upload(1)
+    newer_upload = harness.layout.checkpoint_file("f" * 64 + ".e7")
+    older_leftover = harness.layout.checkpoint_file("a" * 64 + ".e1")
+    for key in (newer_upload, older_leftover):
+        (harness.store.root / key).write_bytes(b"x")
+    CheckpointUploader(harness.store, harness.layout, harness.local, epoch=5).take_ownership()
+    assert (harness.store.root / newer_upload).exists()  # an upload in flight of epoch 7
+    assert not (harness.store.root / older_leftover).exists()
+    assert harness.stored_keys() - harness.referenced() == {newer_upload}
+
+
+def test_a_pinned_checkpoint_outlives_retention(harness: Harness) -> None:
+    for n in range(3):
+        harness.write_tree({"offsets/0": n, f"state/0/0/{n + 1}.delta": n})
+        harness.uploader.upload(n + 1)
+    harness.uploader.index.update(lambda index: index.pins.update({"sp-1": 1}))
+    assert harness.uploader.retain(1) == [1, 3]
+    assert checkpoint_ids(harness.store, harness.layout) == [1, 3]
+    assert harness.stored_keys() == harness.referenced()

@@ -6,13 +6,15 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from streamkeeper.errors import AlreadyRunningError, FencedError
-from streamkeeper.lineage.control import ControlPlane, Heartbeat, Lease
+from streamkeeper.lineage.control import ControlPlane, Fence, Lease
+from streamkeeper.lineage.heartbeat import Heartbeat
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import LocalStore, Location
 
@@ -47,18 +49,31 @@ def dead_pid() -> int:
 
 def test_acquire_takes_increasing_epochs(control: ControlPlane) -> None:
     assert control.latest_epoch() == 0
-    leases = [control.acquire() for _ in range(3)]
+    leases = [control.acquire(takeover=True) for _ in range(3)]
     assert [lease.epoch for lease in leases] == [1, 2, 3]
     assert control.latest_epoch() == 3
     assert all(lease.pid == os.getpid() for lease in leases)
-    runner = control.store.read_json(control.layout.runner)
-    assert runner["epoch"] == 3 and runner["job"] == "job"
+    assert control.epoch_record(3)["token"] == leases[2].token
+
+
+def test_latest_epoch_probes_from_the_heartbeat_instead_of_listing(
+    control: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for _ in range(5):
+        control.acquire(takeover=True)
+    write_heartbeat(control, epoch=3)  # a lower bound: epochs 4 and 5 exist beyond it
+
+    def no_listing(*_args: object, **_kwargs: object) -> list[str]:
+        raise AssertionError("latest_epoch listed every epoch")
+
+    monkeypatch.setattr(control.store, "list", no_listing)
+    assert control.latest_epoch() == 5
 
 
 def test_older_lease_is_fenced(control: ControlPlane) -> None:
     old = control.acquire()
     control.check_not_fenced(old)  # nobody newer yet
-    new = control.acquire()
+    new = control.acquire(takeover=True)
     with pytest.raises(FencedError) as caught:
         control.check_not_fenced(old)
     message = str(caught.value)
@@ -68,9 +83,9 @@ def test_older_lease_is_fenced(control: ControlPlane) -> None:
 
 def test_epoch_race_skips_a_taken_epoch(control: ControlPlane) -> None:
     control.acquire()
-    # Another runner took epoch 2 between our list and our put: create must not overwrite it.
+    # Another runner took epoch 2 between our look and our put: create must not overwrite it.
     assert control.store.create_json(control.layout.epoch(2), {"pid": -7}) is True
-    assert control.acquire().epoch == 3
+    assert control.acquire(takeover=True).epoch == 3
     assert control.store.read_json(control.layout.epoch(2)) == {"pid": -7}
 
 
@@ -84,6 +99,21 @@ def test_live_runner_blocks_acquire(control: ControlPlane) -> None:
     assert control.latest_epoch() == 1  # refused without taking an epoch
 
 
+def test_a_starting_runner_blocks_before_its_first_heartbeat(control: ControlPlane) -> None:
+    control.acquire()  # this (live) process took epoch 1 and has not beaten yet
+    with pytest.raises(AlreadyRunningError):
+        control.acquire()
+
+
+def test_a_fenced_runners_final_state_does_not_free_the_lineage(control: ControlPlane) -> None:
+    """Epoch 2 holds the lineage; epoch 1's STOPPED heartbeat says nothing about epoch 2."""
+    control.acquire(takeover=True)
+    control.acquire(takeover=True)
+    write_heartbeat(control, epoch=1, state="STOPPED")
+    with pytest.raises(AlreadyRunningError, match="epoch 2"):
+        control.acquire()
+
+
 def test_takeover_fences_the_live_runner(control: ControlPlane) -> None:
     first = control.acquire()
     write_heartbeat(control, epoch=1)
@@ -93,28 +123,40 @@ def test_takeover_fences_the_live_runner(control: ControlPlane) -> None:
 
 
 def test_dead_pid_does_not_block(control: ControlPlane) -> None:
-    control.acquire()
+    control.store.create_json(control.layout.epoch(1), {"pid": dead_pid(), "host": "h"})
     write_heartbeat(control, pid=dead_pid())
     assert control.acquire().epoch == 2
 
 
-@pytest.mark.parametrize("state", ["STOPPED", "FAILED", "FINISHED"])
-def test_ended_runner_does_not_block(control: ControlPlane, state: str) -> None:
-    write_heartbeat(control, state=state)
+def test_a_reused_pid_does_not_block(control: ControlPlane) -> None:
+    """Our pid, but a process start time that is not ours: the recorded runner is gone."""
+    write_heartbeat(control, process_started_at=12345.0)
     assert control.acquire().epoch == 1
 
 
+@pytest.mark.parametrize("state", ["STOPPED", "FAILED", "FINISHED"])
+def test_ended_runner_does_not_block(control: ControlPlane, state: str) -> None:
+    control.store.create_json(control.layout.epoch(1), Lease.for_this_process(1).to_json())
+    write_heartbeat(control, state=state)
+    assert control.acquire().epoch == 2
+
+
 def test_remote_runner_alive_until_heartbeat_is_stale(control: ControlPlane) -> None:
+    control.store.create_json(control.layout.epoch(1), {"host": "some-other-host", "pid": 1})
     write_heartbeat(control, host="some-other-host", pid=1)
     with pytest.raises(AlreadyRunningError, match="some-other-host"):
         control.acquire()
     write_heartbeat(control, host="some-other-host", pid=1, time=time.time() - 120)
-    assert control.acquire().epoch == 1
+    assert control.acquire().epoch == 2
+
+
+def _heartbeat(control: ControlPlane, epoch: int, **facts: object) -> Heartbeat:
+    fence = Fence(control, Lease.for_this_process(epoch))
+    return Heartbeat(control, fence, facts=lambda: dict(facts), interval=0.02)
 
 
 def test_heartbeat_thread_reports_states_and_facts(control: ControlPlane) -> None:
-    lease = Lease(epoch=4, pid=os.getpid(), host=socket.gethostname(), started_at=time.time())
-    beat = Heartbeat(control, lease, facts=lambda: {"last_seq": 11}, interval=0.02)
+    beat = _heartbeat(control, 4, last_seq=11)
     beat.start()
     assert control.heartbeat()["state"] in ("STARTING", "RUNNING")
     deadline = time.monotonic() + 5
@@ -129,4 +171,38 @@ def test_heartbeat_thread_reports_states_and_facts(control: ControlPlane) -> Non
         11,
         "done",
     )
-    assert control.acquire().epoch == 1  # a finished runner does not block
+
+
+def test_an_older_epoch_never_overwrites_a_newer_heartbeat(control: ControlPlane) -> None:
+    newer = _heartbeat(control, 5)
+    newer.beat("RUNNING")
+    older = _heartbeat(control, 4)
+    with pytest.raises(FencedError, match="belongs to epoch 5"):
+        older.beat("RUNNING")
+    older.stop("FAILED", reason="fenced")  # swallowed: a fenced runner records nothing
+    assert (control.heartbeat()["epoch"], control.heartbeat()["state"]) == (5, "RUNNING")
+
+
+def test_a_fenced_heartbeat_stops_and_tells_the_runner(control: ControlPlane) -> None:
+    told = threading.Event()
+    lease = control.acquire()
+    fence = Fence(control, lease)
+    beat = Heartbeat(control, fence, facts=dict, interval=0.02, on_fenced=lambda _e: told.set())
+    beat.start()
+    control.acquire(takeover=True)  # epoch 2 takes over
+    assert told.wait(5), "the heartbeat did not notice it was fenced"
+    assert fence.fenced
+    with pytest.raises(FencedError):
+        fence.check()
+    beat.stop("FAILED")
+    assert control.heartbeat()["epoch"] == 1
+    assert control.heartbeat()["state"] in ("STARTING", "RUNNING")  # never FAILED: fenced
+
+
+def test_write_owned_refuses_a_lower_epoch(control: ControlPlane) -> None:
+    key = control.layout.job_record
+    control.write_owned(key, Lease.for_this_process(3), {"job": "new"})
+    with pytest.raises(FencedError):
+        control.write_owned(key, Lease.for_this_process(2), {"job": "old"})
+    control.write_owned(key, Lease.for_this_process(3), {"job": "again"})
+    assert control.job_record() == {"job": "again", "epoch": 3}

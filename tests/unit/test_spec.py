@@ -172,7 +172,7 @@ def test_bad_transform_reference(sample: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("ref", ["transform.py:nope", "missing.py:build", "no_such_mod:build"])
 def test_unloadable_transform_names_the_reference(ref: str) -> None:
-    from streamkeeper.runtime.runner import load_transform
+    from streamkeeper.runtime.job import load_transform
 
     spec = load_spec(SAMPLE, {"transform": ref})
     with pytest.raises(SpecError, match="cannot be loaded") as caught:

@@ -11,13 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamkeeper.commit.wal import DataFile, Manifest, SinkBatch, WriteAheadLog
-from streamkeeper.commit.writer import (
-    SinkWritePlan,
-    data_file_name,
-    make_partition_writer,
-    seq_of_data_file,
-)
-from streamkeeper.errors import CorruptManifestError
+from streamkeeper.commit.writer import SinkWritePlan, data_file_name, make_partition_writer
+from streamkeeper.errors import CorruptManifestError, FencedError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import LocalStore, Location
 
@@ -65,7 +60,7 @@ def test_pending_is_in_seq_order(wal: WriteAheadLog) -> None:
 def test_retire_removes_manifest_and_its_staging_only(wal: WriteAheadLog, tmp_path: Path) -> None:
     for seq in (1, 2):
         wal.write(manifest(seq))
-        staged = tmp_path / wal.layout.staging_prefix(seq) / "totals" / data_file_name(seq)
+        staged = tmp_path / wal.layout.staging_prefix(seq) / "totals" / data_file_name(3)
         staged.parent.mkdir(parents=True)
         staged.write_bytes(b"parquet")
     wal.retire(1)
@@ -113,18 +108,30 @@ def test_unparseable_manifest_is_corrupt(wal: WriteAheadLog, tmp_path: Path, tex
         wal.read(6)
 
 
-def test_seq_of_data_file() -> None:
+def test_data_file_names_carry_the_epoch_and_are_fresh_per_attempt() -> None:
     name = data_file_name(42)
-    assert seq_of_data_file(name) == 42
-    assert seq_of_data_file(f"s3://b/tables/t/{name}") == 42
-    assert data_file_name(42) != name  # fresh name per attempt
-    for foreign in [
-        "part-00000-abc.c000.snappy.parquet",
-        "sk-abc-def.parquet",
-        "sk-00000000000000000042-x.json",
-        "_delta_log/00000.json",
-    ]:
-        assert seq_of_data_file(foreign) is None
+    assert name.startswith("e42-") and name.endswith(".parquet")
+    assert data_file_name(42) != name
+
+
+def test_a_seq_is_claimed_by_one_runner_only(wal: WriteAheadLog) -> None:
+    mine, theirs = manifest(8), manifest(8)
+    assert wal.claim(mine) is True
+    assert wal.claim(theirs) is False  # put-if-absent: the seq is taken
+    claimed = wal.read(8)
+    assert claimed.state == "writing" and not claimed.complete
+    wal.seal(mine)
+    sealed = wal.read(8)
+    assert sealed.complete and sealed.sinks["totals"].rows == 2 and sealed.token == mine.token
+
+
+def test_a_claim_resolved_by_a_newer_runner_cannot_be_sealed(wal: WriteAheadLog) -> None:
+    mine = manifest(9)
+    wal.claim(mine)
+    wal.retire(9)  # a newer owner's recovery swept it
+    with pytest.raises(FencedError, match="resolved by a newer runner"):
+        wal.seal(mine)
+    assert wal.read(9) is None
 
 
 # --- the executor-side writer, fed pyarrow batches directly -----------------------------
@@ -142,14 +149,14 @@ def plan(directory: Path, sink: str = "s", **overrides) -> SinkWritePlan:  # noq
         directory=Location(str(directory)),
         columns=("key", "total"),
         mask_column=None,
-        relative_paths=True,
+        relative_to="sk-lin/00000000000000000009",
     )
     values.update(overrides)
     return SinkWritePlan(**values)
 
 
 def run_writer(plans: list[SinkWritePlan], batches: list[pa.RecordBatch]) -> list[dict]:
-    out = list(make_partition_writer(plans, seq=9)(iter(batches)))
+    out = list(make_partition_writer(plans, epoch=9)(iter(batches)))
     assert len(out) == 1
     return out[0].to_pylist()
 
@@ -162,10 +169,12 @@ def test_writer_writes_parquet_with_stats(tmp_path: Path) -> None:
     assert len(rows) == 1
     row = rows[0]
     assert row["sink"] == "s" and row["rows"] == 4
-    assert seq_of_data_file(row["path"]) == 9 and "/" not in row["path"]  # relative
+    # Relative to the table, inside the batch's folder, named by the epoch.
+    assert row["path"].startswith("sk-lin/00000000000000000009/e9-")
+    assert row["attempt"] == 0
     assert "stage?" in row["writer"]  # outside a Spark task there is no stage id
     assert row["writer"].endswith(f"pid{os.getpid()}")
-    written = tmp_path / "t" / row["path"]
+    written = tmp_path / "t" / row["path"].rsplit("/", 1)[-1]
     assert row["size"] == written.stat().st_size
     table = pq.read_table(written)
     assert table.column_names == ["key", "total"]
@@ -186,7 +195,7 @@ def test_writer_honours_mask_and_projection(tmp_path: Path) -> None:
             sink="kept",
             mask_column="keep",
             columns=("key",),
-            relative_paths=False,
+            relative_to=None,
         ),
     ]
     rows = run_writer(
@@ -197,7 +206,7 @@ def test_writer_honours_mask_and_projection(tmp_path: Path) -> None:
     kept_path = by_sink["kept"]["path"]
     assert kept_path.startswith(str(tmp_path / "kept") + "/")  # absolute for staging
     assert pq.read_table(kept_path).to_pydict() == {"key": ["a", "d"]}
-    all_table = pq.read_table(tmp_path / "all" / by_sink["all"]["path"])
+    all_table = pq.read_table(tmp_path / "all" / by_sink["all"]["path"].rsplit("/", 1)[-1])
     assert all_table.column_names == ["total", "key"]
     assert json.loads(by_sink["kept"]["stats"])["nullCount"] == {"key": 0}
 

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 
 from streamkeeper import injection
 from streamkeeper.commit import crashpoints
-from streamkeeper.commit.coordinator import CommitCoordinator, CommitSequence
+from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.commit.sequence import CommitSequence
 from streamkeeper.commit.wal import DataFile, Manifest, SinkBatch
 from streamkeeper.commit.writer import RESULT_SCHEMA, SinkWritePlan, make_partition_writer
 from streamkeeper.errors import SpecError
-from streamkeeper.lineage.control import Lease
+from streamkeeper.lineage.control import Fence
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.runtime.pacing import MinPause
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
@@ -46,14 +47,14 @@ def check_sink_columns(spec: JobSpec, output_columns: list[str]) -> None:
 
 @dataclass
 class BatchContext:
-    """What the batch function needs; built once by the runner."""
+    """What the batch function needs; built once per attempt by the runner."""
 
     spec: JobSpec
     layout: LineageLayout
     coordinator: CommitCoordinator
     sequence: CommitSequence
     checkpoint: SparkCheckpoint
-    lease: Lease
+    fence: Fence
     output_columns: list[str]
 
 
@@ -70,43 +71,23 @@ class BatchWriter:
         self.min_pause.before_batch()
         injection.reached("batch_start", batch_id=batch_id)
         # A fenced runner must not even pre-commit: its batch fails and the query stops.
-        ctx.coordinator.control.check_not_fenced(ctx.lease)
-        query_id = ctx.checkpoint.query_id() or "unknown"
-        seq = ctx.sequence.for_batch(query_id, batch_id)
-        reserved = ctx.sequence.is_reserved(query_id, batch_id)
-        previous = ctx.coordinator.wal.read(seq) if reserved else None
-        done = self._already_committed(previous, seq)
+        ctx.fence.check()
+        manifest, done = self._claim(batch_id)
         plans = [
-            self._plan(index, sink, seq)
+            self._plan(index, sink, manifest.seq)
             for index, sink in enumerate(ctx.spec.sinks)
             if sink.name not in done
         ]
-        files = self._write_files(batch_df, plans, seq) if plans else {}
+        files = self._write_files(batch_df, plans) if plans else {}
         crashpoints.reached("batch_before_manifest")
-        manifest = Manifest(
-            lineage=ctx.layout.lineage,
-            seq=seq,
-            query_id=query_id,
-            batch_id=batch_id,
-            checkpoint_dir=str(ctx.checkpoint.directory),
-            epoch=ctx.lease.epoch,
-            sinks={
-                sink.name: done.get(sink.name)
-                or SinkBatch(
-                    table=ctx.coordinator.targets[sink.name].location.uri,
-                    output=sink.output,
-                    mode=ctx.spec.sink_mode(sink),
-                    key=list(sink.key),
-                    files=files.get(sink.name, []),
-                )
-                for sink in ctx.spec.sinks
-            },
-        )
-        ctx.coordinator.wal.write(manifest)
+        for sink in ctx.spec.sinks:
+            if sink.name not in done:
+                manifest.sinks[sink.name].files = files.get(sink.name, [])
+        ctx.coordinator.wal.seal(manifest)
         log.info(
             "batch %d pre-committed as seq %d: %s",
             batch_id,
-            seq,
+            manifest.seq,
             {name: part.rows for name, part in manifest.sinks.items()},
         )
         crashpoints.reached("batch_after_manifest")
@@ -118,34 +99,78 @@ class BatchWriter:
         if in_batch:
             ctx.coordinator.commit_sinks(manifest, in_batch)
         crashpoints.reached("batch_after_commit")
-        ctx.coordinator.submit(manifest)
+        ctx.coordinator.submit(manifest)  # waits while too many commits are pending
         self.batches_seen += 1
         self.min_pause.after_batch()
 
-    def _already_committed(self, previous: Manifest | None, seq: int) -> dict[str, SinkBatch]:
+    def _claim(self, batch_id: int) -> tuple[Manifest, dict[str, SinkBatch]]:
+        """This batch's manifest, claimed: a fresh seq, or the one a crash left reserved.
+
+        Returns:
+            The manifest (state `writing`) and the parts an idempotent sink already
+            committed under a reserved seq (the replay must not write them again).
+        """
+        ctx = self.ctx
+        query_id = ctx.checkpoint.query_id() or "unknown"
+        reserved = ctx.sequence.reserved(query_id, batch_id)
+        previous = ctx.coordinator.wal.read(reserved) if reserved is not None else None
+        done = self._already_committed(previous, reserved) if previous is not None else {}
+        while True:
+            seq = reserved if previous is not None else ctx.sequence.take_next()
+            manifest = Manifest(
+                lineage=ctx.layout.lineage,
+                seq=seq,
+                query_id=query_id,
+                batch_id=batch_id,
+                checkpoint_dir=str(ctx.checkpoint.directory),
+                epoch=ctx.fence.epoch,
+                sinks={
+                    sink.name: done.get(sink.name) or self._part(sink) for sink in ctx.spec.sinks
+                },
+                offsets_sha256=ctx.checkpoint.offsets_sha256(batch_id),
+            )
+            if previous is not None:
+                manifest.version = previous.version  # ours already: recovery kept it
+                return manifest, done
+            if ctx.coordinator.wal.claim(manifest):
+                return manifest, done
+            log.warning("seq %d is claimed by another runner; taking the next one", seq)
+
+    def _part(self, sink: SinkSpec) -> SinkBatch:
+        return SinkBatch(
+            table=self.ctx.coordinator.targets[sink.name].location.uri,
+            output=sink.output,
+            mode=self.ctx.spec.sink_mode(sink),
+            key=list(sink.key),
+        )
+
+    def _already_committed(self, previous: Manifest, seq: int | None) -> dict[str, SinkBatch]:
         """Parts an idempotent sink committed before a crash; the replay must skip them."""
-        if previous is None:
-            return {}
         return {
             name: part
             for name, part in previous.sinks.items()
             if part.mode == "idempotent"
+            and seq is not None
             and self.ctx.coordinator.targets[name].committed_seq() >= seq
         }
 
     def _plan(self, index: int, sink: SinkSpec, seq: int) -> SinkWritePlan:
         target = self.ctx.coordinator.targets[sink.name]
-        staged = sink.output == "merge"
+        if sink.output == "merge":
+            directory, relative = self.ctx.layout.staging(seq, sink.name), None
+        else:
+            relative = self.ctx.layout.precommit_dir(seq)
+            directory = target.location.child(relative)
         return SinkWritePlan(
             sink=sink.name,
-            directory=self.ctx.layout.staging(seq, sink.name) if staged else target.location,
+            directory=directory,
             columns=tuple(sink.columns or self.ctx.output_columns),
             mask_column=mask_column(index) if sink.where else None,
-            relative_paths=not staged,
+            relative_to=relative,
         )
 
     def _write_files(
-        self, batch_df: DataFrame, plans: list[SinkWritePlan], seq: int
+        self, batch_df: DataFrame, plans: list[SinkWritePlan]
     ) -> dict[str, list[DataFile]]:
         from pyspark.sql import functions as F
 
@@ -153,7 +178,8 @@ class BatchWriter:
         for index, sink in enumerate(self.ctx.spec.sinks):
             if sink.where:
                 frame = frame.withColumn(mask_column(index), F.expr(sink.where))
-        rows = frame.mapInArrow(make_partition_writer(plans, seq), RESULT_SCHEMA).collect()
+        writer = make_partition_writer(plans, self.ctx.fence.epoch)
+        rows = frame.mapInArrow(writer, RESULT_SCHEMA).collect()
         files: dict[str, list[DataFile]] = {}
         for row in rows:
             files.setdefault(row["sink"], []).append(
@@ -163,6 +189,7 @@ class BatchWriter:
                     rows=row["rows"],
                     stats=row["stats"],
                     writer=row["writer"],
+                    attempt=row["attempt"],
                 )
             )
         return files

@@ -1,8 +1,10 @@
 """The checkpoint coordinator: commits WAL manifests once their checkpoint completes.
 
 Flink's notifyCheckpointComplete, on Spark: a driver thread watches the commit log
-and, for each pending manifest in commit-sequence order whose `commits/N` exists,
-commits every table, writes the commit marker and retires the manifest.
+and, for each pending manifest in commit-sequence order whose batch completed, commits
+every table, writes the commit marker and retires the manifest. The queue is bounded
+(`checkpoint.max_concurrent`): a batch that would exceed it waits at its end until
+earlier batches are committed (backpressure), so pending work never grows unbounded.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from streamkeeper import injection
 from streamkeeper.commit import crashpoints
 from streamkeeper.commit.tables import TableCommitter, TableTarget
 from streamkeeper.commit.wal import Manifest, WriteAheadLog
-from streamkeeper.errors import FencedError
-from streamkeeper.lineage.control import ControlPlane, Lease
-from streamkeeper.lineage.layout import LineageLayout, seq_of
-from streamkeeper.observability.health import CheckpointFailureLimitError, CheckpointHealth
+from streamkeeper.errors import CheckpointFailureLimitError, FencedError
+from streamkeeper.lineage.control import Fence
+from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.observability.health import CheckpointHealth
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.storage import ObjectStore
 
@@ -32,62 +35,34 @@ RETRY_SECONDS = 1.0
 
 @dataclass
 class CommitStats:
-    """What the coordinator did, for heartbeats and benchmarks."""
+    """Where the lineage stands (its head) and what this coordinator did."""
 
     last_seq: int = -1
     last_batch: int = -1
+    last_commit_at: float | None = None
     committed: int = 0
     visibility_delays_ms: list[float] = field(default_factory=list)
 
+    @classmethod
+    def from_head(cls, head: dict[str, Any] | None) -> CommitStats:
+        """Start from the lineage's latest commit marker, not from nothing."""
+        if head is None:
+            return cls()
+        return cls(
+            last_seq=int(head["seq"]),
+            last_batch=int(head["batch_id"]),
+            last_commit_at=head.get("committed_at"),
+        )
+
 
 class CheckpointHook(Protocol):
-    """Externalized checkpoints (checkpoint_store.ExternalizedCheckpoints)."""
+    """Externalized checkpoints (snapshots.externalized.ExternalizedCheckpoints)."""
 
     def before_commit(self, manifest: Manifest) -> int | None:
         """Make the batch's checkpoint durable; returns the bytes uploaded."""
 
     def after_commit(self, manifest: Manifest) -> None:
         """Apply retention once the batch is visible."""
-
-
-class CommitSequence:
-    """The lineage's monotonic commit sequence (the Delta app transaction version).
-
-    It never goes back, not even when a restore starts a fresh checkpoint whose batch ids
-    restart at 0: it starts above everything any table, manifest or marker has seen.
-    """
-
-    def __init__(self, start: int) -> None:
-        self._next = start
-        self._reserved: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
-
-    def reserve_existing(self, query_id: str, batch_id: int, seq: int) -> None:
-        """A manifest kept across a crash: its batch must be replayed under the same seq."""
-        self._reserved[(query_id, batch_id)] = seq
-
-    def is_reserved(self, query_id: str, batch_id: int) -> bool:
-        return (query_id, batch_id) in self._reserved
-
-    def for_batch(self, query_id: str, batch_id: int) -> int:
-        with self._lock:
-            if (query_id, batch_id) in self._reserved:
-                return self._reserved[(query_id, batch_id)]
-            seq = self._next
-            self._next += 1
-            return seq
-
-
-def initial_sequence(
-    store: ObjectStore, layout: LineageLayout, targets: dict[str, TableTarget]
-) -> int:
-    """One above the highest seq any table, pending manifest or marker has seen."""
-    seen = [t.committed_seq() for t in targets.values()]
-    seen += [seq_of(k) for k in store.list(layout.manifests)]
-    markers = store.list(layout.markers)
-    if markers:
-        seen.append(seq_of(markers[-1]))
-    return max(seen, default=-1) + 1
 
 
 class CommitCoordinator:
@@ -100,8 +75,9 @@ class CommitCoordinator:
         layout: LineageLayout,
         wal: WriteAheadLog,
         targets: dict[str, TableTarget],
-        control: ControlPlane,
-        lease: Lease,
+        fence: Fence,
+        head: dict[str, Any] | None = None,
+        max_pending: int = 2,
         health: CheckpointHealth | None = None,
         checkpoints: CheckpointHook | None = None,
     ) -> None:
@@ -110,31 +86,37 @@ class CommitCoordinator:
         self.layout = layout
         self.wal = wal
         self.targets = targets
-        self.control = control
-        self.lease = lease
-        self.stats = CommitStats()
+        self.fence = fence
+        self.max_pending = max_pending
+        self.stats = CommitStats.from_head(head)
         self.health = health
         self._facts: dict[int, dict[str, Any]] = {}
         self._timed_out: set[int] = set()
-        self._committers = {name: TableCommitter(t, lease.epoch) for name, t in targets.items()}
+        self._committers = {name: TableCommitter(t, fence.epoch) for name, t in targets.items()}
         self._queue: deque[Manifest] = deque()
-        self._wake = threading.Event()
+        self._changed = threading.Condition()
         self._stop = threading.Event()
-        self._idle = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._checkpoint: SparkCheckpoint | None = None
 
     # -- the commit itself -------------------------------------------------------------
 
     def commit_sinks(self, manifest: Manifest, sinks: list[str]) -> dict[str, int]:
-        """Commit the named sinks of a manifest; returns each table's version."""
+        """Commit the named sinks of a manifest; returns each table's version holding it."""
         versions: dict[str, int] = {}
         # One control-plane check per batch; every table commit also carries the epoch.
-        self.control.check_not_fenced(self.lease)
+        self.fence.check()
         for index, name in enumerate(sorted(sinks)):
             if index > 0:
                 crashpoints.reached("between_table_commits")
-            versions[name] = self._committers[name].commit(manifest.sinks[name], manifest.seq)
+            injection.reached("before_table_commit", seq=manifest.seq, sink=name)
+            try:
+                versions[name] = self._committers[name].commit(manifest.sinks[name], manifest.seq)
+            except FencedError as error:
+                self.fence.mark_fenced(error)
+                raise
+        manifest.versions.update(versions)
         return versions
 
     def commit_manifest(self, manifest: Manifest, batch_end: float | None) -> None:
@@ -146,32 +128,19 @@ class CommitCoordinator:
             uploaded = self.checkpoints.before_commit(manifest)
         crashpoints.reached("before_delta_commit")
         # In-batch sinks (idempotent, at_least_once) were committed before the batch returned.
-        deferred = [n for n, part in manifest.sinks.items() if part.mode == "exactly_once"]
-        versions = self.commit_sinks(manifest, deferred)
+        pending = [n for n in manifest.sinks if n not in manifest.versions]
+        deferred = [n for n in pending if manifest.sinks[n].mode == "exactly_once"]
+        versions = {**manifest.versions, **self.commit_sinks(manifest, deferred)}
         for name in manifest.sinks:
-            if name not in versions:
-                versions[name] = self._committers[name].snapshot().version()
+            if name not in versions:  # committed inside the batch before a crash
+                versions[name] = self._committers[name].version_holding(manifest.seq)
         crashpoints.reached("before_commit_marker")
         committed_at = time.time()
         delay_ms = None if batch_end is None else max(0.0, (committed_at - batch_end) * 1000)
-        self.store.write_json(
-            self.layout.marker(manifest.seq),
-            {
-                "seq": manifest.seq,
-                "query_id": manifest.query_id,
-                "batch_id": manifest.batch_id,
-                "checkpoint_dir": manifest.checkpoint_dir,
-                "epoch": self.lease.epoch,
-                "versions": versions,
-                "rows": {name: part.rows for name, part in manifest.sinks.items()},
-                "writers": sorted(
-                    {f.writer for part in manifest.sinks.values() for f in part.files}
-                ),
-                "committed_at": committed_at,
-                "visibility_delay_ms": delay_ms,
-            },
-        )
+        marker = self._marker(manifest, versions, committed_at, delay_ms)
+        self.store.write_json(self.layout.marker(manifest.seq), marker)
         self.wal.retire(manifest.seq)
+        self._sweep_retried_tasks(manifest)
         if self.checkpoints is not None:
             self.checkpoints.after_commit(manifest)  # retention, off the visibility path
         log.info(
@@ -186,18 +155,55 @@ class CommitCoordinator:
             self.health.completed()
         self.stats.last_seq = manifest.seq
         self.stats.last_batch = manifest.batch_id
+        self.stats.last_commit_at = committed_at
         self.stats.committed += 1
         if delay_ms is not None:
             self.stats.visibility_delays_ms.append(delay_ms)
 
+    def _marker(
+        self, manifest: Manifest, versions: dict[str, int], at: float, delay_ms: float | None
+    ) -> dict[str, Any]:
+        return {
+            "seq": manifest.seq,
+            "query_id": manifest.query_id,
+            "batch_id": manifest.batch_id,
+            "checkpoint_dir": manifest.checkpoint_dir,
+            "epoch": self.fence.epoch,
+            "versions": versions,
+            "rows": {name: part.rows for name, part in manifest.sinks.items()},
+            "writers": sorted({f.writer for part in manifest.sinks.values() for f in part.files}),
+            "committed_at": at,
+            "visibility_delay_ms": delay_ms,
+        }
+
+    def _sweep_retried_tasks(self, manifest: Manifest) -> None:
+        """A failed task or stage attempt may have left files in the batch's folder.
+
+        One listing of that folder per append table: it holds one batch's files only.
+        """
+        from streamkeeper.commit.recovery import sweep_precommit_folder
+
+        for name, part in manifest.sinks.items():
+            if part.output == "append" and part.files:
+                keep = {f.path.rsplit("/", 1)[-1] for f in part.files}
+                sweep_precommit_folder(self.targets[name], self.layout, manifest.seq, keep)
+
     # -- the background committer ------------------------------------------------------
 
     def submit(self, manifest: Manifest) -> None:
-        """Queue a manifest; it is committed once `commits/N` of its batch exists."""
-        self._raise_if_failed()
-        self._idle.clear()
-        self._queue.append(manifest)
-        self._wake.set()
+        """Queue a manifest; it is committed once its batch completes.
+
+        Blocks while `max_pending` manifests wait (backpressure on the next batch).
+        """
+        with self._changed:
+            while len(self._queue) >= self.max_pending:
+                self._raise_if_failed()
+                if self._stop.is_set():
+                    break
+                self._changed.wait(0.5)
+            self._raise_if_failed()
+            self._queue.append(manifest)
+            self._changed.notify_all()
 
     def start(self, checkpoint: SparkCheckpoint) -> None:
         self._checkpoint = checkpoint
@@ -210,13 +216,14 @@ class CommitCoordinator:
         try:
             while not self._stop.is_set():
                 if not self._commit_ready_or_tolerate():
-                    self._idle.set()
-                    self._wake.wait(POLL_SECONDS)
-                    self._wake.clear()
+                    with self._changed:
+                        self._changed.wait(POLL_SECONDS)
         except BaseException as error:  # noqa: BLE001 - surfaced to the driver thread
             log.exception("commit coordinator failed")
             self._error = error
-            self._idle.set()
+        finally:
+            with self._changed:
+                self._changed.notify_all()
 
     def _commit_ready_or_tolerate(self) -> bool:
         """A failed commit is a failed checkpoint: counted, then retried, unless fatal."""
@@ -238,24 +245,28 @@ class CommitCoordinator:
         if not self._queue:
             return False
         head = self._queue[0]
+        assert self._checkpoint is not None
         batch_end = self._checkpoint.completed_at(head.batch_id)
         if batch_end is None:
             return False
         self.commit_manifest(head, batch_end)
-        self._queue.popleft()
+        with self._changed:
+            self._queue.popleft()
+            self._changed.notify_all()
         return True
 
     def drain(self, timeout: float = 120.0) -> None:
         """Wait until every queued manifest whose checkpoint completed is committed."""
         deadline = time.monotonic() + timeout
+        assert self._checkpoint is not None
         while time.monotonic() < deadline:
             self._raise_if_failed()
-            # A copy: the committer thread pops from the queue while we look (list() of a
-            # deque is one C call under the GIL).
+            # A copy: the committer thread pops from the queue while we look.
             ready = [m for m in list(self._queue) if self._checkpoint.is_complete(m.batch_id)]
             if not ready:
                 return
-            self._wake.set()
+            with self._changed:
+                self._changed.notify_all()
             time.sleep(POLL_SECONDS)
         raise TimeoutError(
             f"commits still pending after {timeout}s: {[m.seq for m in self._queue]}"
@@ -263,7 +274,8 @@ class CommitCoordinator:
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        with self._changed:
+            self._changed.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
@@ -287,5 +299,6 @@ class CommitCoordinator:
         return {
             "last_committed_seq": self.stats.last_seq,
             "last_committed_batch": self.stats.last_batch,
+            "last_commit_at": self.stats.last_commit_at,
             "pending_commits": len(self._queue),
         }

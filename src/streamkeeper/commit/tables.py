@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from streamkeeper.errors import FencedError, SchemaMismatchError, StreamkeeperError
+from streamkeeper.errors import FencedError, SchemaMismatchError, SpecError, StreamkeeperError
 from streamkeeper.storage import Location
 
 if TYPE_CHECKING:
@@ -46,22 +46,116 @@ class TableTarget:
         version = self.open().transaction_version(self.data_app_id)
         return -1 if version is None else version
 
+    def exists(self) -> bool:
+        from deltalake import DeltaTable
 
-def ensure_table(target: TableTarget, schema: pa.Schema) -> None:
-    """Create the table with `schema`, or check that an existing one matches it.
+        return DeltaTable.is_deltatable(self.location.uri, self.location.storage_options())
+
+    @property
+    def lineage(self) -> str:
+        return self.data_app_id.split(":")[1]
+
+
+WRITERS_FOLDER = "_streamkeeper/writers"  # hidden from Delta readers, like _delta_log
+
+
+def table_writers(target: TableTarget) -> dict[str, dict]:
+    """The lineages that declared they write this table: lineage -> their claim."""
+    store = target.location.store()
+    claims = {}
+    for key in store.list(WRITERS_FOLDER):
+        claim = store.read_json(key)
+        if claim is not None:
+            claims[str(claim.get("lineage"))] = claim
+    return claims
+
+
+def check_table_ownership(target: TableTarget, job: str, shared: bool) -> None:
+    """Refuse a table another lineage writes, unless every writer says it is shared.
 
     Raises:
-        SchemaMismatchError: naming the columns that differ; nothing is written.
+        SpecError: naming the other writers and the fix; nothing is written.
+    """
+    others = {k: v for k, v in table_writers(target).items() if k != target.lineage}
+    if not others:
+        return
+    if shared and all(claim.get("shared") for claim in others.values()):
+        return
+    names = ", ".join(f"job {c.get('job')!r} (lineage {k!r})" for k, c in sorted(others.items()))
+    raise SpecError(
+        f"sink {target.sink!r} of job {job!r} writes table {target.location.uri!r}, which "
+        f"{names} also writes. Point the sink at another table (sinks[].table), or, if "
+        "several jobs are meant to append to it, set `shared: true` on the sink in every "
+        "job that writes it"
+    )
+
+
+def claim_table(target: TableTarget, job: str, shared: bool) -> None:
+    """Record that this lineage writes the table (read by `check_table_ownership`)."""
+    store = target.location.store()
+    key = f"{WRITERS_FOLDER}/{target.lineage}.json"
+    claim = {"lineage": target.lineage, "job": job, "sink": target.sink, "shared": shared}
+    if store.read_json(key) != claim:
+        store.write_json(key, claim)
+
+
+def fence_table(target: TableTarget, epoch: int) -> int:
+    """Commit this runner's epoch to the table before it touches anything else.
+
+    After this commit, a commit by any older runner of the lineage is refused by the
+    table itself (its fence check, or a conflict if it raced from an older snapshot).
+
+    Returns:
+        The table version of the fence commit (or the current one if already fenced).
+
+    Raises:
+        FencedError: a newer epoch already committed to the table.
+    """
+    from deltalake import CommitProperties, DeltaTable, Transaction
+
+    table = DeltaTable(target.location.uri, storage_options=target.location.storage_options())
+    holder = table.transaction_version(target.fence_app_id)
+    if holder is not None and holder > epoch:
+        raise _fenced(target, epoch, holder)
+    if holder == epoch:
+        return table.version()
+    table.create_write_transaction(
+        [],
+        mode="append",
+        schema=table.schema(),
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id=target.fence_app_id, version=epoch)],
+            custom_metadata={"streamkeeper.fence": str(epoch)},
+            max_commit_retries=0,
+        ),
+    )
+    return table.version() + 1
+
+
+def _fenced(target: TableTarget, epoch: int, holder: int) -> FencedError:
+    return FencedError(
+        f"runner epoch {epoch} of app {target.fence_app_id!r} is fenced: epoch {holder} "
+        f"committed to {target.location.uri!r}. Another runner of this lineage took over; "
+        "stop this one (its uncommitted batches are replayed)"
+    )
+
+
+def check_table(target: TableTarget, schema: pa.Schema) -> bool:
+    """Check that the table, if it exists, matches `schema`. Reads only.
+
+    Returns:
+        Whether the table exists.
+
+    Raises:
+        SchemaMismatchError: naming the columns that differ.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    options = target.location.storage_options()
     try:
-        table = DeltaTable(target.location.uri, storage_options=options)
+        table = DeltaTable(target.location.uri, storage_options=target.location.storage_options())
     except TableNotFoundError:
-        DeltaTable.create(target.location.uri, schema=schema, storage_options=options)
-        return
+        return False
     actual = {f.name: _type_name(f.type) for f in table.schema().fields}
     wanted = _delta_types(schema)
     if actual != wanted:
@@ -76,6 +170,20 @@ def ensure_table(target: TableTarget, schema: pa.Schema) -> None:
             f"output: {'; '.join(differences)}. Point the sink at a new table, or migrate "
             "the table's schema first"
         )
+    return True
+
+
+def ensure_table(target: TableTarget, schema: pa.Schema) -> None:
+    """Create the table with `schema` unless it exists (and matches: `check_table`)."""
+    from deltalake import DeltaTable
+
+    if not check_table(target, schema):
+        options = target.location.storage_options()
+        try:
+            DeltaTable.create(target.location.uri, schema=schema, storage_options=options)
+        except Exception:  # noqa: BLE001 - another runner may have created it first
+            if not check_table(target, schema):
+                raise
 
 
 def _delta_types(schema: pa.Schema) -> dict[str, str]:
@@ -137,23 +245,27 @@ class TableCommitter:
             done = table.transaction_version(self.target.data_app_id)
             if done is not None and done >= seq:
                 # Already committed: by us before a crash, or a commit whose response was lost.
-                return table.version()
+                return self.version_holding(seq)
         if not part.files:
             return table.version()
         if part.output == "merge":
-            self._merge(table, part, seq)
-        else:
-            self._append(table, part, seq)
-        return self.snapshot().version()
+            return self._merge(table, part, seq)
+        return self._append(table, part, seq)
+
+    def version_holding(self, seq: int, search: int = 100) -> int:
+        """The table version whose commit carries `seq` (the latest version if not found)."""
+        table = self.snapshot()
+        wanted = {"streamkeeper.seq": str(seq), "streamkeeper.lineage": self.target.lineage}
+        for limit in (search, None):  # the recent commits first; the whole log only if needed
+            for commit in table.history(limit):
+                if all(commit.get(k) == v for k, v in wanted.items()):
+                    return int(commit["version"])
+        return table.version()
 
     def _check_fence(self, table: DeltaTable) -> None:
         holder = table.transaction_version(self.target.fence_app_id)
         if holder is not None and holder > self.epoch:
-            raise FencedError(
-                f"runner epoch {self.epoch} of app {self.target.fence_app_id!r} is fenced: "
-                f"epoch {holder} committed to {self.target.location.uri!r}. Another runner of "
-                "this lineage took over; stop this one (its uncommitted batches are replayed)"
-            )
+            raise _fenced(self.target, self.epoch, holder)
 
     def _transactions(self, seq: int) -> list:
         from deltalake import Transaction
@@ -164,29 +276,36 @@ class TableCommitter:
         ]
 
     def _commit_properties(self, part: SinkBatch, seq: int):  # noqa: ANN202 - deltalake type
-        from deltalake import CommitProperties
+        from deltalake import CommitProperties, Transaction
 
+        metadata = {"streamkeeper.seq": str(seq), "streamkeeper.lineage": self.target.lineage}
         if part.mode == "at_least_once":
-            return CommitProperties(custom_metadata={"streamkeeper.seq": str(seq)})
+            # Unchecked, but recorded: the lineage's progress reads the same in every mode.
+            data = Transaction(app_id=self.target.data_app_id, version=seq)
+            return CommitProperties(app_transactions=[data], custom_metadata=metadata)
         return CommitProperties(
             app_transactions=self._transactions(seq),
-            custom_metadata={"streamkeeper.seq": str(seq)},
+            custom_metadata=metadata,
             max_commit_retries=0,
         )
 
-    def _append(self, table: DeltaTable, part: SinkBatch, seq: int) -> None:
+    def _append(self, table: DeltaTable, part: SinkBatch, seq: int) -> int:
         from deltalake.transaction import AddAction
 
         now_ms = int(time.time() * 1000)
         actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in part.files]
+        base = table.version()
         table.create_write_transaction(
             actions,
             mode="append",
             schema=table.schema(),
             commit_properties=self._commit_properties(part, seq),
         )
+        if part.mode == "at_least_once":  # may have been retried onto a later version
+            return self.version_holding(seq, search=10)
+        return base + 1  # no retries: the commit is exactly the next version
 
-    def _merge(self, table: DeltaTable, part: SinkBatch, seq: int) -> None:
+    def _merge(self, table: DeltaTable, part: SinkBatch, seq: int) -> int:
         rows = read_staged_rows(part, self.target.location)
         # A null key is one key, as in a GROUP BY: `=` would insert it again every batch.
         predicate = " AND ".join(f"t.{k} IS NOT DISTINCT FROM s.{k}" for k in part.key)
@@ -202,6 +321,7 @@ class TableCommitter:
             .when_not_matched_insert_all()
             .execute()
         )
+        return table.version()  # merge leaves the table object at its own commit
 
 
 def read_staged_rows(part: SinkBatch, like: Location) -> pa.Table:

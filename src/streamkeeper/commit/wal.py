@@ -1,18 +1,21 @@
 """Write-ahead-log manifests: which pre-committed files belong to which batch and table.
 
-A manifest is written once per micro-batch, after the executors have written the
-batch's Parquet files and before the batch returns to Spark (so before `commits/N`).
-It is keyed by the lineage's commit sequence number, which is also the Delta app
-transaction version used to commit it. See PROTOCOL.md.
+A manifest is keyed by the lineage's commit sequence number (seq), which is also the
+Delta app transaction version used to commit it. It is written twice per micro-batch:
+first as a *claim* (state `writing`, put-if-absent: the seq belongs to exactly one
+runner, and recovery finds every batch that may have left files behind without
+listing any table), then *sealed* (state `complete`, with the files the executors
+wrote) before the batch returns to Spark, so before `commits/N`. See PROTOCOL.md.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamkeeper.errors import CorruptManifestError
+from streamkeeper.errors import CorruptManifestError, FencedError
 from streamkeeper.lineage.layout import LineageLayout, seq_of
 from streamkeeper.storage import ObjectStore
 
@@ -28,6 +31,7 @@ class DataFile:
     rows: int
     stats: str
     writer: str  # "executor-id/pid" of the task that wrote it
+    attempt: int = 0  # > 0: a retried task or stage; earlier attempts may have left files
 
 
 @dataclass
@@ -56,11 +60,23 @@ class Manifest:
     checkpoint_dir: str
     epoch: int
     sinks: dict[str, SinkBatch]
+    state: str = "complete"  # writing: claimed, files being written | complete: sealed
+    offsets_sha256: str | None = None  # of offsets/N: which batch N this is, exactly
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
     format: int = MANIFEST_FORMAT
+    version: str | None = field(default=None, compare=False)  # the stored object's, if ours
+    # Tables committed inside the batch (idempotent, at_least_once) -> the version holding it.
+    versions: dict[str, int] = field(default_factory=dict, compare=False)
+
+    @property
+    def complete(self) -> bool:
+        return self.state == "complete"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["version"], data["versions"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> Manifest:
@@ -73,16 +89,22 @@ class Manifest:
                     output=s["output"],
                     mode=s["mode"],
                     key=list(s.get("key", [])),
-                    files=[DataFile(**f) for f in s["files"]],
+                    files=[DataFile(**f) for f in s.get("files", [])],
                 )
                 for name, s in data["sinks"].items()
             }
             fields = {k: data[k] for k in ("lineage", "seq", "query_id", "batch_id")}
+            state = data.get("state", "complete")
+            if state not in ("writing", "complete"):
+                raise ValueError(f"unknown state {state!r}")
             return cls(
                 **fields,
                 checkpoint_dir=data["checkpoint_dir"],
                 epoch=data["epoch"],
                 sinks=sinks,
+                state=state,
+                offsets_sha256=data.get("offsets_sha256"),
+                token=data.get("token", ""),
                 created_at=data["created_at"],
             )
         except (AttributeError, KeyError, TypeError, ValueError) as error:
@@ -99,7 +121,39 @@ class WriteAheadLog:
         self.store = store
         self.layout = layout
 
+    def claim(self, manifest: Manifest) -> bool:
+        """Take `manifest.seq` for this batch (put-if-absent); False if another runner has it.
+
+        The claim is written before any file of the batch, so a crash at any later point
+        leaves a manifest that tells recovery where to look.
+        """
+        manifest.state = "writing"
+        key = self.layout.manifest(manifest.seq)
+        version = self.store.write_if(key, manifest.to_json(), None)
+        if version is None:
+            return False
+        manifest.version = version
+        return True
+
+    def seal(self, manifest: Manifest) -> None:
+        """Record the batch's files in its claimed manifest (compare-and-swap).
+
+        Raises:
+            FencedError: the claim is gone or changed: a newer runner's recovery resolved it.
+        """
+        manifest.state = "complete"
+        key = self.layout.manifest(manifest.seq)
+        version = self.store.write_if(key, manifest.to_json(), manifest.version)
+        if version is None:
+            raise FencedError(
+                f"WAL manifest {key} was resolved by a newer runner of lineage "
+                f"{self.layout.lineage!r} while this one (epoch {manifest.epoch}) wrote its "
+                "batch; this runner stops without committing"
+            )
+        manifest.version = version
+
     def write(self, manifest: Manifest) -> None:
+        """Rewrite a manifest this runner owns (recovery keeping part of one)."""
         self.store.write_json(self.layout.manifest(manifest.seq), manifest.to_json())
 
     def read(self, seq: int) -> Manifest | None:
@@ -112,7 +166,7 @@ class WriteAheadLog:
 
     def _load(self, key: str) -> Manifest | None:
         try:
-            data = self.store.read_json(key)
+            data, version = self.store.read_versioned(key)
         except ValueError as error:
             raise CorruptManifestError(
                 f"WAL manifest {key} is not valid JSON ({error}); inspect it, and delete it "
@@ -122,16 +176,19 @@ class WriteAheadLog:
             return None
         if not isinstance(data, dict):
             raise CorruptManifestError(f"WAL manifest {key} is not a JSON object; inspect it")
-        return self._parse(data, key)
+        manifest = self._parse(data, key)
+        manifest.version = version
+        return manifest
 
     def pending_seqs(self) -> list[int]:
         return [seq_of(k) for k in self.store.list(self.layout.manifests)]
 
     def retire(self, seq: int) -> None:
         """Drop a manifest once its batch is committed everywhere or discarded."""
-        staged = self.store.list(self.layout.staging_prefix(seq))
+        # Staged rows first: a crash in between leaves a manifest that recovery resolves
+        # again, never staged files that nothing points to.
+        self.store.delete(self.store.list(self.layout.staging_prefix(seq)))
         self.store.delete([self.layout.manifest(seq)])
-        self.store.delete(staged)
 
     def _parse(self, data: dict[str, Any], key: str) -> Manifest:
         manifest = Manifest.from_json(data, source=key)

@@ -1,9 +1,11 @@
 """Executor side of the pre-commit: write a batch's rows as Parquet, return file metadata.
 
 Runs inside `mapInArrow` on the executors, so the batch is never collected to the
-driver; only one small metadata row per written file comes back. Files are named
-`sk-{seq}-{uuid}.parquet`: a retried or speculative task writes a fresh name, and only
-the files of the attempt Spark keeps are listed in the manifest.
+driver; only one small metadata row per written file comes back. An append sink's files
+go into its table's folder `sk-{lineage}/{seq}/` (invisible until committed), a merge
+sink's into the WAL's staging folder; each is named `e{epoch}-{uuid}.parquet`: a retried
+or speculative task writes a fresh name, only the files of the attempt Spark keeps are
+listed in the manifest, and the folder says whose batch a file belongs to.
 """
 
 from __future__ import annotations
@@ -15,27 +17,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamkeeper.lineage.layout import seq_name
 from streamkeeper.storage import Location
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-FILE_PREFIX = "sk-"
-RESULT_SCHEMA = "sink string, path string, size long, rows long, stats string, writer string"
+RESULT_SCHEMA = (
+    "sink string, path string, size long, rows long, stats string, writer string, attempt int"
+)
 
 
-def data_file_name(seq: int) -> str:
-    return f"{FILE_PREFIX}{seq_name(seq)}-{uuid.uuid4().hex}.parquet"
-
-
-def seq_of_data_file(name: str) -> int | None:
-    """The commit sequence a file of ours was written for, or None if it is not ours."""
-    base = name.rsplit("/", 1)[-1]
-    if not base.startswith(FILE_PREFIX) or not base.endswith(".parquet"):
-        return None
-    digits = base[len(FILE_PREFIX) :].split("-", 1)[0]
-    return int(digits) if digits.isdigit() else None
+def data_file_name(epoch: int) -> str:
+    return f"e{epoch}-{uuid.uuid4().hex}.parquet"
 
 
 @dataclass(frozen=True)
@@ -43,18 +36,18 @@ class SinkWritePlan:
     """What one task writes for one sink."""
 
     sink: str
-    directory: Location  # the table (append) or the WAL staging folder (merge)
+    directory: Location  # the batch's folder in the table (append) or WAL staging (merge)
     columns: tuple[str, ...]
     mask_column: str | None  # boolean column selecting this sink's rows, if filtered
-    relative_paths: bool  # Delta add actions want paths relative to the table
+    relative_to: str | None  # append: the folder relative to the table, for add actions
 
 
 class _OpenFile:
-    def __init__(self, plan: SinkWritePlan, seq: int, schema: pa.Schema) -> None:
+    def __init__(self, plan: SinkWritePlan, epoch: int, schema: pa.Schema) -> None:
         import pyarrow.parquet as pq
 
         self.plan = plan
-        self.name = data_file_name(seq)
+        self.name = data_file_name(epoch)
         self.filesystem = plan.directory.arrow_filesystem()
         self.full_path = f"{plan.directory.fs_path}/{self.name}"
         if not plan.directory.is_s3:
@@ -66,10 +59,11 @@ class _OpenFile:
         self.writer.write_table(table)
         self.stats.add(table)
 
-    def close(self, writer_id: str) -> dict[str, Any]:
+    def close(self, writer_id: str, attempt: int) -> dict[str, Any]:
         self.writer.close()
         size = self.filesystem.get_file_info(self.full_path).size
-        path = self.name if self.plan.relative_paths else _uri(self.plan.directory, self.name)
+        relative = self.plan.relative_to
+        path = f"{relative}/{self.name}" if relative else _uri(self.plan.directory, self.name)
         return {
             "sink": self.plan.sink,
             "path": path,
@@ -77,6 +71,7 @@ class _OpenFile:
             "rows": self.stats.rows,
             "stats": self.stats.to_json(),
             "writer": writer_id,
+            "attempt": attempt,
         }
 
 
@@ -129,7 +124,7 @@ class _StatsCollector:
 
 
 def make_partition_writer(
-    plans: list[SinkWritePlan], seq: int
+    plans: list[SinkWritePlan], epoch: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The function `mapInArrow` runs on each partition of the batch."""
 
@@ -140,6 +135,7 @@ def make_partition_writer(
 
         context = TaskContext.get()
         stage = context.stageId() if context else "?"
+        attempt = context.attemptNumber() if context else 0
         writer_id = f"{_owning_jvm()}/stage{stage}/pid{os.getpid()}"
         open_files: dict[str, _OpenFile] = {}
         for batch in batches:
@@ -152,9 +148,9 @@ def make_partition_writer(
                     continue
                 part = part.select(list(plan.columns))
                 if plan.sink not in open_files:
-                    open_files[plan.sink] = _OpenFile(plan, seq, part.schema)
+                    open_files[plan.sink] = _OpenFile(plan, epoch, part.schema)
                 open_files[plan.sink].write(part)
-        rows = [handle.close(writer_id) for handle in open_files.values()]
+        rows = [handle.close(writer_id, attempt) for handle in open_files.values()]
         yield pa.RecordBatch.from_pylist(rows, schema=_result_arrow_schema())
 
     return write_partition
@@ -185,5 +181,6 @@ def _result_arrow_schema() -> pa.Schema:
             ("rows", pa.int64()),
             ("stats", pa.string()),
             ("writer", pa.string()),
+            ("attempt", pa.int32()),
         ]
     )

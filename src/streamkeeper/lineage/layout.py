@@ -6,8 +6,12 @@
     {root}/lineages/{lineage}/epochs/{epoch}.json           fencing epochs, one per runner start
     {root}/lineages/{lineage}/checkpoints/manifests/{id}.json  externalized checkpoints (id = seq)
     {root}/lineages/{lineage}/checkpoints/files/{sha256}       their files, content-addressed
-    {root}/jobs/{job}/runner.json, heartbeat.json           the control plane's registry entry
+    {root}/lineages/{lineage}/checkpoints/index.json        retained checkpoints, owner epoch (CAS)
+    {root}/jobs/{job}/job.json                              the job record: lineage, tables, knobs
+    {root}/jobs/{job}/heartbeat.json                        the runner's state (CAS, by epoch)
     {root}/tables/{sink}                                    default table location
+    {table}/sk-{lineage}/{seq}/e{epoch}-{uuid}.parquet      pre-committed files of one batch
+    {table}/_streamkeeper/writers/{lineage}.json            which lineages write the table
 
 Every key is zero-padded so that lexical order is numeric order (S3 lists lexically).
 """
@@ -96,8 +100,21 @@ class LineageLayout:
         return f"jobs/{self.job}"
 
     @property
-    def runner(self) -> str:
-        return f"{self.job_base}/runner.json"
+    def job_record(self) -> str:
+        return f"{self.job_base}/job.json"
+
+    @property
+    def checkpoint_index(self) -> str:
+        return f"{self.checkpoints}/index.json"
+
+    @property
+    def precommit_folder(self) -> str:
+        """The folder, inside each target table, of this lineage's pre-committed files."""
+        return f"sk-{self.lineage}"
+
+    def precommit_dir(self, seq: int) -> str:
+        """Relative to a table: where batch `seq`'s files go before they are committed."""
+        return f"{self.precommit_folder}/{seq_name(seq)}"
 
     @property
     def heartbeat(self) -> str:

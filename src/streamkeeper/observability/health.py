@@ -13,13 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from streamkeeper.errors import StreamkeeperError
+from streamkeeper.errors import CheckpointFailureLimitError
 
 State = Literal["RUNNING", "DEGRADED", "FAILING", "STOPPED", "FAILED"]
-
-
-class CheckpointFailureLimitError(StreamkeeperError):
-    """More consecutive checkpoint failures than `checkpoint.tolerable_failures`."""
 
 
 class CheckpointHealth:

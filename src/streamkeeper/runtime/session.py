@@ -33,6 +33,20 @@ def state_backend_conf(spec: JobSpec) -> dict[str, str]:
     }
 
 
+MIN_BATCHES_KEY = "spark.sql.streaming.minBatchesToRetain"
+
+
+def retention_conf(spec: JobSpec) -> dict[str, str]:
+    """Keep enough of Spark's commit log that no batch awaiting its commit loses its entry.
+
+    At most `checkpoint.max_concurrent` completed batches wait for their commit, so a
+    log that keeps far more than that cannot race the committer (and a purged entry
+    still reads as complete: snapshots.spark_checkpoint). Spark's default is 100.
+    """
+    asked = int(spec.spark.conf.get(MIN_BATCHES_KEY, 100))
+    return {MIN_BATCHES_KEY: str(max(asked, 2 * spec.checkpoint.max_concurrent + 8))}
+
+
 def build_session(spec: JobSpec, master: str | None = None) -> SparkSession:
     """Start (or reuse) the driver's SparkSession for `spec`."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -51,7 +65,11 @@ def build_session(spec: JobSpec, master: str | None = None) -> SparkSession:
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
-    for key, value in {**state_backend_conf(spec), **spec.spark.conf}.items():
+    for key, value in {
+        **state_backend_conf(spec),
+        **spec.spark.conf,
+        **retention_conf(spec),
+    }.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("STREAMKEEPER_SPARK_LOG_LEVEL", "WARN"))

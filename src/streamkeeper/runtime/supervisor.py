@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from streamkeeper.commit.coordinator import CommitCoordinator
-from streamkeeper.errors import StreamkeeperError
+from streamkeeper.errors import QueryFailedError
 from streamkeeper.observability.health import BatchTimeoutWatch, CheckpointHealth
 from streamkeeper.observability.history import (
     CheckpointHistory,
@@ -29,10 +29,6 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25
 HISTORY_FLUSH_SECONDS = 2.0
-
-
-class QueryFailedError(StreamkeeperError):
-    """The streaming query stopped with an error (a failed checkpoint)."""
 
 
 class QuerySupervisor:

@@ -4,8 +4,9 @@ Flink keeps completed checkpoints on durable storage; Spark keeps its checkpoint
 driver's disk. After checkpoint N completes (`commits/N`), `CheckpointUploader` uploads
 what changed in the directory, content-addressed (a file already in the store is not
 uploaded again), then writes a manifest listing every file a restore needs
-(checkpoint_manifest). `checkpoint_restore.restore_checkpoint` rebuilds the directory
-on another machine; retention keeps the last K checkpoints.
+(snapshots/manifest.py), and adds it to the checkpoint index (snapshots/index.py).
+`snapshots.restore.restore_checkpoint` rebuilds the directory on another machine;
+retention keeps the last K checkpoints.
 
 Order (the coordinator's hook, `ExternalizedCheckpoints`): files, then the manifest,
 then the batch's Delta commits, then retention. As in Flink, a checkpoint is durable
@@ -26,20 +27,22 @@ from pathlib import Path
 
 from streamkeeper import injection
 from streamkeeper.commit.wal import Manifest
+from streamkeeper.errors import FencedError
+from streamkeeper.lineage.control import Fence
 from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.snapshots.index import IndexEntry, IndexWriter
 from streamkeeper.snapshots.manifest import (
     WORKERS,
     CheckpointFile,
     CheckpointManifest,
     FileTransfer,
     LocalFile,
-    checkpoint_ids,
     latest_commit,
     read_manifest,
     scan_checkpoint,
     sha256_of,
 )
-from streamkeeper.snapshots.retention import apply_retention, discard_all
+from streamkeeper.snapshots.retention import ManifestKeys, apply_retention, discard_all, sweep
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.spec import ExternalizedSpec
 from streamkeeper.storage import ObjectStore
@@ -50,23 +53,29 @@ log = logging.getLogger(__name__)
 class CheckpointUploader:
     """Uploads completed checkpoints of one local directory, incrementally.
 
-    Which objects exist is known from the retained manifests (read once, then kept up to
-    date), so deciding what to upload costs no request. Not thread-safe: the coordinator
-    calls it from one thread, and retention must not run during an upload.
+    Which objects exist is known from the indexed checkpoints' manifests (read once,
+    then kept up to date), so deciding what to upload costs no request. Not
+    thread-safe: the coordinator calls it from one thread, and retention must not run
+    during an upload.
     """
 
-    def __init__(self, store: ObjectStore, layout: LineageLayout, directory: Path) -> None:
+    def __init__(
+        self, store: ObjectStore, layout: LineageLayout, directory: Path, epoch: int = 0
+    ) -> None:
         self.store = store
         self.layout = layout
         self.directory = Path(directory)
+        self.epoch = epoch
         self.transfer = FileTransfer(store)
+        self.index = IndexWriter(store, layout, epoch)
+        self.keys_of = ManifestKeys(store, layout)
         self._digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha
-        self._stored: dict[int, set[str]] | None = None  # checkpoint id -> keys it lists
+        self._by_sha: dict[str, str] | None = None  # sha256 -> a key an indexed checkpoint has
 
     def upload(
         self, checkpoint_id: int, guard: Callable[[], None] | None = None
     ) -> CheckpointManifest | None:
-        """Upload the directory's new files, then write manifest `checkpoint_id`.
+        """Upload the directory's new files, write manifest `checkpoint_id`, index it.
 
         Args:
             checkpoint_id: the manifest's id (the batch's commit seq).
@@ -74,9 +83,12 @@ class CheckpointUploader:
 
         Returns:
             The manifest, or None when the directory holds no completed batch.
+
+        Raises:
+            FencedError: a newer runner owns the checkpoint index.
         """
         started = time.monotonic()
-        self._load_stored()  # also seeds the digests of a restored directory
+        by_sha = self._load()  # also seeds the digests of a restored directory
         listed = scan_checkpoint(self.directory)
         batch_id = latest_commit(listed)
         query_id = SparkCheckpoint(self.directory).query_id()
@@ -85,17 +97,18 @@ class CheckpointUploader:
         keyed = {f: self._digest(f) for f in listed}
         # Only listed files can be asked for again; Spark deletes the rest for good.
         self._digests = {(f.path, f.size, f.mtime_ns): sha for f, sha in keyed.items() if sha}
-        by_key: dict[str, list[LocalFile]] = {}
+        wanted: dict[str, list[LocalFile]] = {}
         for local, sha in keyed.items():
-            if sha is not None:
-                by_key.setdefault(self.layout.checkpoint_file(sha), []).append(local)
-        uploaded = self._upload_missing(by_key)
+            if sha is not None and sha not in by_sha:
+                wanted.setdefault(self._new_key(sha), []).append(local)
+        uploaded = self._upload(wanted)
         failed = {key for key, size in uploaded.items() if size is None}
-        files = [
-            CheckpointFile(f.path, f.size, f.mtime_ns, sha, self.layout.checkpoint_file(sha))
-            for f, sha in keyed.items()
-            if sha is not None and self.layout.checkpoint_file(sha) not in failed
-        ]
+        files = []
+        for local, sha in keyed.items():
+            key = by_sha.get(sha) if sha else None
+            key = key or (self._new_key(sha) if sha else None)
+            if key is not None and key not in failed:
+                files.append(CheckpointFile(local.path, local.size, local.mtime_ns, sha, key))
         sizes = [size for size in uploaded.values() if size is not None]
         manifest = CheckpointManifest(
             lineage=self.layout.lineage,
@@ -109,7 +122,10 @@ class CheckpointUploader:
         if guard is not None:
             guard()
         self.store.write_json(self.layout.checkpoint_manifest(checkpoint_id), manifest.to_json())
-        self._load_stored()[checkpoint_id] = manifest.keys
+        entry = IndexEntry(checkpoint_id, batch_id, self.epoch)
+        self.index.update(lambda index: index.checkpoints.append(entry))
+        self.keys_of.remember(checkpoint_id, manifest.keys)
+        by_sha.update({f.sha256: f.key for f in files})
         log.info(
             "checkpoint %d (batch %d) externalized: %d files, %d new (%d bytes) in %.0f ms",
             checkpoint_id,
@@ -121,36 +137,56 @@ class CheckpointUploader:
         )
         return manifest
 
-    def _upload_missing(self, by_key: dict[str, list[LocalFile]]) -> dict[str, int | None]:
-        """Upload every key no retained checkpoint has; returns bytes per key (None: failed)."""
-        known = set().union(*self._load_stored().values())
-        missing = [(key, files) for key, files in by_key.items() if key not in known]
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            sizes = pool.map(self._put_one, missing)
-            return {key: size for (key, _files), size in zip(missing, sizes, strict=True)}
+    def _new_key(self, sha: str) -> str:
+        """Where this epoch uploads a file (see snapshots/index.py: why the epoch)."""
+        return self.layout.checkpoint_file(f"{sha}.e{self.epoch}")
 
-    def retain_only(self, checkpoint_ids_kept: list[int]) -> None:
-        """Forget the keys of checkpoints retention deleted (their files may be gone)."""
-        stored = self._load_stored()
-        for checkpoint_id in list(stored):
-            if checkpoint_id not in checkpoint_ids_kept:
-                del stored[checkpoint_id]
+    def _upload(self, wanted: dict[str, list[LocalFile]]) -> dict[str, int | None]:
+        """Upload each key (from any of its identical files); bytes per key, None: failed."""
+        items = list(wanted.items())
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            sizes = pool.map(self._put_one, items)
+            return {key: size for (key, _files), size in zip(items, sizes, strict=True)}
+
+    def retain(self, retained: int) -> list[int]:
+        """Keep the newest `retained` checkpoints; returns the ids kept."""
+        report = apply_retention(self.index, retained, self.keys_of)
+        self._forget_deleted(report.files_deleted)
+        return report.retained
+
+    def discard_all(self) -> None:
+        report = discard_all(self.index, self.keys_of)
+        self._forget_deleted(report.files_deleted)
+
+    def take_ownership(self) -> None:
+        """Become the index's owner (fencing older runners' uploads), then sweep leftovers."""
+        self.index.update(lambda index: None)
+        self._forget_deleted(sweep(self.index, self.keys_of))
+
+    def _forget_deleted(self, keys: list[str]) -> None:
+        if self._by_sha is not None and keys:
+            gone = set(keys)
+            self._by_sha = {sha: key for sha, key in self._by_sha.items() if key not in gone}
 
     def forget(self) -> None:
-        """Re-read the stored manifests before the next upload."""
-        self._stored = None
+        """Re-read the index and manifests before the next upload."""
+        self._by_sha = None
+        self.index = IndexWriter(self.store, self.layout, self.epoch)
+        self.keys_of = ManifestKeys(self.store, self.layout)
 
-    def _load_stored(self) -> dict[int, set[str]]:
-        if self._stored is None:
-            self._stored = {}
-            for checkpoint_id in checkpoint_ids(self.store, self.layout):
+    def _load(self) -> dict[str, str]:
+        if self._by_sha is None:
+            self._by_sha = {}
+            for checkpoint_id in self.index.read().ids:
                 manifest = read_manifest(self.store, self.layout, checkpoint_id)
-                if manifest is not None:
-                    self._stored[checkpoint_id] = manifest.keys
+                if manifest is None:
+                    continue
+                self.keys_of.remember(checkpoint_id, manifest.keys)
+                for f in manifest.files:
+                    self._by_sha[f.sha256] = f.key
                     # A restored directory keeps its files' mtimes: no need to hash again.
-                    for f in manifest.files:
-                        self._digests[(f.path, f.size, f.mtime_ns)] = f.sha256
-        return self._stored
+                    self._digests[(f.path, f.size, f.mtime_ns)] = f.sha256
+        return self._by_sha
 
     def _digest(self, local: LocalFile) -> str | None:
         """The file's sha256, or None if it vanished or is being written."""
@@ -191,14 +227,16 @@ class ExternalizedCheckpoints:
         layout: LineageLayout,
         directory: Path,
         spec: ExternalizedSpec,
-        guard: Callable[[], None] | None = None,
+        fence: Fence,
     ) -> None:
         self.store = store
         self.layout = layout
         self.checkpoint = SparkCheckpoint(directory)
         self.spec = spec
-        self.guard = guard
-        self.uploader = CheckpointUploader(store, layout, self.checkpoint.directory)
+        self.fence = fence
+        self.uploader = CheckpointUploader(
+            store, layout, self.checkpoint.directory, epoch=fence.epoch
+        )
         # Retention must never run during an upload (it would delete the files of a manifest
         # not yet written): a stuck committer thread of a previous attempt may overlap the
         # next attempt's recovery, so every entry point takes this lock.
@@ -211,10 +249,23 @@ class ExternalizedCheckpoints:
         store: ObjectStore,
         layout: LineageLayout,
         directory: Path,
-        guard: Callable[[], None] | None = None,
+        fence: Fence,
     ) -> ExternalizedCheckpoints | None:
         """The coordinator's hook if the spec enables externalized checkpoints, else None."""
-        return cls(store, layout, directory, spec, guard) if spec.enabled else None
+        return cls(store, layout, directory, spec, fence) if spec.enabled else None
+
+    def take_ownership(self) -> None:
+        """At start: own the checkpoint index (older runners can no longer change it)."""
+        with self._lock:
+            self.fence.check()
+            self._fenced_by(self.uploader.take_ownership)
+
+    def _fenced_by(self, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except FencedError as error:
+            self.fence.mark_fenced(error)
+            raise
 
     def before_commit(self, manifest: Manifest) -> int | None:
         """Checkpoint N completed: make it durable before its output becomes visible.
@@ -236,19 +287,24 @@ class ExternalizedCheckpoints:
             return None
         injection.reached("before_upload")
         with self._lock:
-            externalized = self.uploader.upload(manifest.seq, guard=self.guard)
-        return None if externalized is None else externalized.uploaded_bytes
+            self.fence.check()
+            uploaded: list = []
+            self._fenced_by(
+                lambda: uploaded.append(self.uploader.upload(manifest.seq, self.fence.check))
+            )
+        return None if uploaded[0] is None else uploaded[0].uploaded_bytes
 
     def after_commit(self, manifest: Manifest) -> None:
         """Batch N is visible: drop checkpoints beyond the retained count."""
         with self._lock:
+            self.fence.check()
             try:
-                report = apply_retention(self.store, self.layout, self.spec.retained)
+                self._fenced_by(lambda: self.uploader.retain(self.spec.retained))
+            except FencedError:
+                raise
             except Exception:  # noqa: BLE001 - garbage collection; the next checkpoint retries
                 log.warning("checkpoint retention failed; retried next time", exc_info=True)
                 self.uploader.forget()  # some files may be gone: re-read the manifests
-                return
-            self.uploader.retain_only(report.retained)
 
     def on_stop(self, cancelled: bool) -> None:
         """DELETE_ON_CANCELLATION discards every checkpoint when the job is cancelled.
@@ -258,5 +314,5 @@ class ExternalizedCheckpoints:
         """
         if cancelled and self.spec.retention == "delete_on_cancellation":
             with self._lock:
-                discard_all(self.store, self.layout)
-                self.uploader.forget()
+                self.fence.check()  # only the owner discards; a fenced runner leaves them
+                self._fenced_by(self.uploader.discard_all)

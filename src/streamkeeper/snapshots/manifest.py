@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamkeeper.errors import StreamkeeperError
-from streamkeeper.lineage.layout import LineageLayout, seq_of
+from streamkeeper.errors import CheckpointRestoreError
+from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import LocalStore, ObjectStore, S3Store
 
 CHECKPOINT_FORMAT = 1
@@ -49,10 +49,6 @@ MULTIPART_BYTES = 8 * 1024 * 1024  # boto3's default multipart threshold
 
 # Listing order: the reverse of the order in which Spark writes a batch's files.
 _SCAN_ORDER = ("commits", "state", "offsets", "sources", "metadata")
-
-
-class CheckpointRestoreError(StreamkeeperError):
-    """An externalized checkpoint cannot be restored as asked."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +158,10 @@ def latest_commit(files: list[LocalFile]) -> int | None:
 
 
 def checkpoint_ids(store: ObjectStore, layout: LineageLayout) -> list[int]:
-    """Ids of the lineage's externalized checkpoints, ascending."""
-    return sorted(seq_of(k) for k in store.list(layout.checkpoint_manifests) if k.endswith(".json"))
+    """Ids of the lineage's retained externalized checkpoints, ascending (from the index)."""
+    from streamkeeper.snapshots.index import read_index
+
+    return read_index(store, layout).ids
 
 
 def read_manifest(

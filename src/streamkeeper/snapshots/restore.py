@@ -53,13 +53,7 @@ def restore_checkpoint(
             file is missing or corrupt.
     """
     local_dir = Path(local_dir).resolve()
-    if local_dir.exists() and (not local_dir.is_dir() or any(local_dir.iterdir())):
-        raise CheckpointRestoreError(
-            f"cannot restore checkpoint {checkpoint!r} into {str(local_dir)!r}: it is not "
-            "empty; move it away or delete it first, or start without --from-checkpoint "
-            "to resume from what it holds"
-        )
-    manifest = _choose(store, layout, checkpoint)
+    manifest = check_restorable(store, layout, local_dir, checkpoint)
     staging = local_dir.parent / f".{local_dir.name}.restore-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     transfer = FileTransfer(store)
@@ -78,6 +72,24 @@ def restore_checkpoint(
         local_dir,
     )
     return manifest
+
+
+def check_restorable(
+    store: ObjectStore, layout: LineageLayout, local_dir: Path, checkpoint: str | int
+) -> CheckpointManifest:
+    """The manifest a restore would use; reads only.
+
+    Raises:
+        CheckpointRestoreError: the directory is not empty, or the id does not exist.
+    """
+    local_dir = Path(local_dir).resolve()
+    if local_dir.exists() and (not local_dir.is_dir() or any(local_dir.iterdir())):
+        raise CheckpointRestoreError(
+            f"cannot restore checkpoint {checkpoint!r} into {str(local_dir)!r}: it is not "
+            "empty; move it away or delete it first, or start without --from-checkpoint "
+            "to resume from what it holds"
+        )
+    return _choose(store, layout, checkpoint)
 
 
 def _choose(store: ObjectStore, layout: LineageLayout, checkpoint: str | int) -> CheckpointManifest:

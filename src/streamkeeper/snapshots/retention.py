@@ -1,21 +1,30 @@
 """Retention of externalized checkpoints: keep the last K, never delete a referenced file.
 
 Files are shared between checkpoints (an immutable Spark file is uploaded once), so a
-file object is deleted only when no retained manifest lists it, and only after the
-manifests that listed it are gone. A crash anywhere leaves at worst unreferenced
-files, which the next `apply_retention` removes; never a manifest with a missing file.
+file is deleted only when no retained checkpoint lists it, and only after the index
+(compare-and-swap, see snapshots/index.py) stopped listing the checkpoints that did. A
+checkpoint a savepoint pins is never dropped. A crash anywhere leaves at worst
+unreferenced objects, which the next owner's `sweep` removes; never an indexed
+checkpoint with a missing file. No listing happens per checkpoint: what each retained
+checkpoint references is known from its manifest, read once.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streamkeeper.lineage.layout import LineageLayout
-from streamkeeper.snapshots.manifest import checkpoint_ids, read_manifest
+from streamkeeper.lineage.layout import LineageLayout, seq_of
+from streamkeeper.snapshots.index import CheckpointIndex, IndexWriter
+from streamkeeper.snapshots.manifest import read_manifest
 from streamkeeper.storage import ObjectStore
 
 log = logging.getLogger(__name__)
+
+KeysOf = Callable[[int], set[str]]
+_EPOCH_SUFFIX = re.compile(r"\.e(\d+)$")
 
 
 @dataclass
@@ -27,47 +36,121 @@ class RetentionReport:
     files_deleted: list[str] = field(default_factory=list)
 
 
-def apply_retention(store: ObjectStore, layout: LineageLayout, retained: int) -> RetentionReport:
-    """Keep the newest `retained` checkpoints; delete older manifests, then orphaned files.
+class ManifestKeys:
+    """The storage keys each checkpoint references, read from its manifest once."""
 
-    Must not run while an upload of the same lineage is in flight: the files of a
-    checkpoint whose manifest is not written yet are unreferenced by definition. The
-    coordinator runs uploads and retention on one thread, one after the other.
+    def __init__(self, store: ObjectStore, layout: LineageLayout) -> None:
+        self.store = store
+        self.layout = layout
+        self._keys: dict[int, set[str]] = {}
 
-    Args:
-        store: the storage root's object store.
-        layout: the lineage's keys.
-        retained: how many checkpoints to keep (spec.checkpoint.externalized.retained).
+    def remember(self, checkpoint_id: int, keys: set[str]) -> None:
+        self._keys[checkpoint_id] = keys
+
+    def forget(self, checkpoint_id: int) -> None:
+        self._keys.pop(checkpoint_id, None)
+
+    def __call__(self, checkpoint_id: int) -> set[str]:
+        if checkpoint_id not in self._keys:
+            manifest = read_manifest(self.store, self.layout, checkpoint_id)
+            self._keys[checkpoint_id] = set() if manifest is None else manifest.keys
+        return self._keys[checkpoint_id]
+
+
+def _referenced(index: CheckpointIndex, keys_of: KeysOf) -> set[str]:
+    return set().union(*(keys_of(i) for i in index.ids)) if index.ids else set()
+
+
+def _drop(
+    writer: IndexWriter, before: CheckpointIndex, after: CheckpointIndex, keys_of: KeysOf
+) -> RetentionReport:
+    """Delete what the index stopped referencing (it was already stored without it)."""
+    dropped = [i for i in before.ids if i not in after.ids]
+    garbage = set().union(*(keys_of(i) for i in dropped)) if dropped else set()
+    garbage -= _referenced(after, keys_of)
+    store, layout = writer.store, writer.layout
+    # Manifests first: once a manifest is gone nothing can restore from it.
+    store.delete([layout.checkpoint_manifest(i) for i in dropped])
+    store.delete(sorted(garbage))
+    if isinstance(keys_of, ManifestKeys):
+        for checkpoint_id in dropped:
+            keys_of.forget(checkpoint_id)
+    if dropped:
+        log.info(
+            "checkpoint retention: kept %s, deleted checkpoints %s and %d files",
+            after.ids,
+            dropped,
+            len(garbage),
+        )
+    return RetentionReport(after.ids, dropped, sorted(garbage))
+
+
+def apply_retention(writer: IndexWriter, retained: int, keys_of: KeysOf) -> RetentionReport:
+    """Keep the newest `retained` checkpoints (and every pinned one); delete the rest.
+
+    Raises:
+        FencedError: a newer runner owns the index (nothing is deleted).
     """
     if retained < 1:
         raise ValueError(f"retained={retained!r}: keep at least 1 checkpoint")
-    ids = checkpoint_ids(store, layout)
-    keep, drop = ids[-retained:], ids[:-retained]
-    # Manifests first: once a manifest is gone nothing can restore from it, so its files
-    # may go; the other order could leave a manifest naming a deleted file.
-    store.delete([layout.checkpoint_manifest(i) for i in drop])
-    referenced: set[str] = set()
-    for checkpoint_id in keep:
-        manifest = read_manifest(store, layout, checkpoint_id)
-        if manifest is not None:
-            referenced |= manifest.keys
-    garbage = [k for k in store.list(layout.checkpoint_files) if k not in referenced]
-    store.delete(garbage)
-    if drop or garbage:
+    before = writer.read()
+
+    def keep_newest(index: CheckpointIndex) -> None:
+        pinned = set(index.pins.values())
+        unpinned = [e for e in index.checkpoints if e.id not in pinned]
+        drop = {e.id for e in unpinned[:-retained]}
+        index.checkpoints = [e for e in index.checkpoints if e.id not in drop]
+
+    after = writer.update(keep_newest)
+    return _drop(writer, before, after, keys_of)
+
+
+def discard_all(writer: IndexWriter, keys_of: KeysOf) -> RetentionReport:
+    """Delete every checkpoint no savepoint pins (DELETE_ON_CANCELLATION).
+
+    Raises:
+        FencedError: a newer runner owns the index (nothing is deleted).
+    """
+    before = writer.read()
+
+    def drop_unpinned(index: CheckpointIndex) -> None:
+        pinned = set(index.pins.values())
+        index.checkpoints = [e for e in index.checkpoints if e.id in pinned]
+
+    after = writer.update(drop_unpinned)
+    return _drop(writer, before, after, keys_of)
+
+
+def _uploaded_by_older_epoch(key: str, epoch: int) -> bool:
+    match = _EPOCH_SUFFIX.search(key)
+    return match is None or int(match.group(1)) < epoch
+
+
+def sweep(writer: IndexWriter, keys_of: KeysOf) -> list[str]:
+    """Delete leftovers of crashed uploads: manifests and files no indexed checkpoint has.
+
+    Run by a new owner at start (after taking the index over), the one listing of the
+    checkpoint store per start. Files uploaded by this or a newer epoch are never touched.
+    """
+    index = writer.read()
+    store, layout = writer.store, writer.layout
+    stray_manifests = [
+        key
+        for key in store.list(layout.checkpoint_manifests)
+        if key.endswith(".json") and seq_of(key) not in index.ids
+    ]
+    referenced = _referenced(index, keys_of)
+    stray_files = [
+        key
+        for key in store.list(layout.checkpoint_files)
+        if key not in referenced and _uploaded_by_older_epoch(key, writer.epoch)
+    ]
+    store.delete(stray_manifests)
+    store.delete(stray_files)
+    if stray_manifests or stray_files:
         log.info(
-            "checkpoint retention: kept %s, deleted checkpoints %s and %d files",
-            keep,
-            drop,
-            len(garbage),
+            "swept %d unindexed checkpoint manifests and %d unreferenced files",
+            len(stray_manifests),
+            len(stray_files),
         )
-    return RetentionReport(retained=keep, manifests_deleted=drop, files_deleted=garbage)
-
-
-def discard_all(store: ObjectStore, layout: LineageLayout) -> RetentionReport:
-    """Delete every externalized checkpoint of the lineage (DELETE_ON_CANCELLATION)."""
-    ids = checkpoint_ids(store, layout)
-    store.delete([layout.checkpoint_manifest(i) for i in ids])
-    files = store.list(layout.checkpoint_files)
-    store.delete(files)
-    log.info("discarded %d externalized checkpoints (%d files)", len(ids), len(files))
-    return RetentionReport(manifests_deleted=ids, files_deleted=files)
+    return stray_manifests + stray_files

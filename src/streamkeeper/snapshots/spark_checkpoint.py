@@ -1,11 +1,14 @@
 """Read-only view of Spark's checkpoint directory: the commit log is our barrier.
 
 Spark writes `offsets/N` before batch N runs and `commits/N` after its sink returned,
-so "checkpoint N complete" means `commits/N` exists.
+so "checkpoint N complete" means `commits/N` exists, or that a later batch completed:
+Spark purges log entries older than `spark.sql.streaming.minBatchesToRetain`, and
+batches complete in order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -28,21 +31,42 @@ class SparkCheckpoint:
         return self.directory / "commits" / str(batch_id)
 
     def is_complete(self, batch_id: int) -> bool:
-        return self.commit_path(batch_id).exists()
+        return self.completed_at(batch_id) is not None
 
     def completed_at(self, batch_id: int) -> float | None:
-        """When `commits/N` was written (the batch's end), or None."""
+        """When batch N ended (`commits/N` written), or None if it has not completed.
+
+        A batch whose `commits/N` Spark already purged completed before the oldest one
+        kept: its end time is no longer known, so the oldest kept entry's time stands in.
+        """
         try:
             return os.stat(self.commit_path(batch_id)).st_mtime
+        except FileNotFoundError:
+            pass
+        kept = self._commit_ids()
+        if kept and batch_id < kept[0]:
+            return os.stat(self.commit_path(kept[0])).st_mtime
+        return None
+
+    def _commit_ids(self) -> list[int]:
+        folder = self.directory / "commits"
+        try:
+            return sorted(int(name) for name in os.listdir(folder) if name.isdigit())
+        except FileNotFoundError:
+            return []
+
+    def offsets_sha256(self, batch_id: int) -> str | None:
+        """The hash of `offsets/N`: which batch N this is (two runs may plan N differently)."""
+        try:
+            return hashlib.sha256(
+                (self.directory / "offsets" / str(batch_id)).read_bytes()
+            ).hexdigest()
         except FileNotFoundError:
             return None
 
     def latest_complete(self) -> int | None:
-        folder = self.directory / "commits"
-        if not folder.is_dir():
-            return None
-        ids = [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
-        return max(ids) if ids else None
+        ids = self._commit_ids()
+        return ids[-1] if ids else None
 
     def belongs_to(self, query_id: str) -> bool:
         return self.query_id() == query_id

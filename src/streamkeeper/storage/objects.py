@@ -169,8 +169,9 @@ class LocalStore(ObjectStore):
         folder = self._path(prefix)
         if not folder.is_dir():
             return []
+        base = f"{prefix}/" if prefix else ""
         keys = sorted(
-            f"{prefix}/{p.relative_to(folder).as_posix()}"
+            base + p.relative_to(folder).as_posix()
             for p in folder.rglob("*")
             if p.is_file() and not p.name.startswith(".")
         )

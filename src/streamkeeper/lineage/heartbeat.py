@@ -1,0 +1,99 @@
+"""The runner's heartbeat: a daemon thread that publishes its state every few seconds.
+
+The heartbeat record (`jobs/{job}/heartbeat.json`) is written by compare-and-swap and
+carries the epoch: a runner whose write meets a newer epoch's heartbeat learns it is
+fenced, stops beating and tells the runner (`on_fenced`), which stops its query. A
+fenced runner never writes its final state either, so it can never make a newer,
+running owner look stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from streamkeeper.errors import FencedError
+from streamkeeper.lineage.control import ControlPlane, Fence
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Beats every `interval` seconds with facts from `facts()`."""
+
+    def __init__(
+        self,
+        control: ControlPlane,
+        fence: Fence,
+        facts: Callable[[], dict[str, Any]],
+        interval: float = 2.0,
+        on_fenced: Callable[[FencedError], None] | None = None,
+    ) -> None:
+        self.control = control
+        self.fence = fence
+        self.facts = facts
+        self.interval = interval
+        self.on_fenced = on_fenced
+        self._version: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="streamkeeper-heartbeat", daemon=True
+        )
+
+    def beat(self, state: str, **facts: Any) -> None:
+        """Write one heartbeat now.
+
+        Raises:
+            FencedError: a newer runner owns the lineage (checked before writing, and by
+                the compare-and-swap).
+        """
+        lease = self.fence.lease
+        record = {
+            "job": self.control.layout.job,
+            "lineage": self.control.layout.lineage,
+            "pid": lease.pid,
+            "host": lease.host,
+            "process_started_at": lease.process_started_at,
+            "state": state,
+            "time": time.time(),
+            **facts,
+        }
+        with self._lock:
+            self.fence.check()
+            try:
+                self._version = self.control.write_owned(
+                    self.control.layout.heartbeat, lease, record, self._version
+                )
+            except FencedError as error:
+                self.fence.mark_fenced(error)
+                raise
+
+    def start(self) -> None:
+        self.beat("STARTING", **self.facts())
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat("RUNNING", **self.facts())
+            except FencedError as error:
+                log.error("%s", error)
+                if self.on_fenced is not None:
+                    self.on_fenced(error)
+                return
+            except Exception:  # noqa: BLE001 - a missed beat must not kill the job
+                log.warning("heartbeat not written; retrying", exc_info=True)
+
+    def stop(self, final_state: str, **facts: Any) -> None:
+        """Stop beating and record the final state, unless this runner is fenced."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 1)
+        try:
+            self.beat(final_state, **{**self.facts(), **facts})
+        except FencedError:
+            log.warning("fenced: final state %s not recorded (a newer runner owns it)", final_state)
