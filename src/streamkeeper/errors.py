@@ -33,3 +33,7 @@ class AlreadyRunningError(StreamkeeperError):
 
 class SourceError(StreamkeeperError):
     """A source is unreachable or missing, or cannot replay the offsets a checkpoint asks for."""
+
+
+class DuplicateKeyError(StreamkeeperError):
+    """A merge sink's batch holds more than one row for a key, and no order_by decides."""

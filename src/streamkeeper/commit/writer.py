@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from streamkeeper.commit.merge_rows import find_duplicate_keys
 from streamkeeper.lineage.layout import seq_name
 from streamkeeper.storage import Location
 
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 FILE_PREFIX = "sk-"
-RESULT_SCHEMA = "sink string, path string, size long, rows long, stats string, writer string"
+RESULT_SCHEMA = (
+    "sink string, path string, size long, rows long, stats string, writer string, duplicates string"
+)
 
 
 def data_file_name(seq: int) -> str:
@@ -50,6 +53,8 @@ class SinkWritePlan:
     columns: tuple[str, ...]
     mask_column: str | None  # boolean column selecting this sink's rows, if filtered
     relative_paths: bool  # Delta add actions want paths relative to the table
+    # merge: columns no two rows may share (key, and order_by); repeats are reported back.
+    unique: tuple[str, ...] = ()
 
 
 class _OpenFile:
@@ -64,10 +69,22 @@ class _OpenFile:
             os.makedirs(plan.directory.fs_path, exist_ok=True)
         self.writer = pq.ParquetWriter(self.full_path, schema, filesystem=self.filesystem)
         self.stats = _StatsCollector(schema)
+        self.unique_values: list[pa.Table] = []  # only the unique columns: small
 
     def write(self, table: pa.Table) -> None:
         self.writer.write_table(table)
         self.stats.add(table)
+        if self.plan.unique:
+            self.unique_values.append(table.select(list(self.plan.unique)))
+
+    def duplicates(self) -> str | None:
+        """JSON of some values of the unique columns that repeat in this file, or None."""
+        import pyarrow as pa
+
+        if not self.unique_values:
+            return None
+        found = find_duplicate_keys(pa.concat_tables(self.unique_values), self.plan.unique)
+        return json.dumps(found, default=str) if found else None
 
     def close(self, writer_id: str) -> dict[str, Any]:
         self.writer.close()
@@ -80,6 +97,7 @@ class _OpenFile:
             "rows": self.stats.rows,
             "stats": self.stats.to_json(),
             "writer": writer_id,
+            "duplicates": self.duplicates(),
         }
 
 
@@ -309,5 +327,6 @@ def _result_arrow_schema() -> pa.Schema:
             ("rows", pa.int64()),
             ("stats", pa.string()),
             ("writer", pa.string()),
+            ("duplicates", pa.string()),
         ]
     )
