@@ -45,3 +45,7 @@ class CheckpointFailureLimitError(StreamkeeperError):
 
 class QueryFailedError(StreamkeeperError):
     """The streaming query stopped with an error (a failed checkpoint)."""
+
+
+class DuplicateKeyError(StreamkeeperError):
+    """A merge sink's batch holds more than one row for a key, and no order_by decides."""

@@ -122,6 +122,8 @@ class SinkSpec(_Strict):
     mode: DeliveryMode | None = None
     # Several jobs may append to one table only if each says so (else: refused at start).
     shared: bool = False
+    # merge: of a batch's rows for one key, the one with the greatest value here wins.
+    order_by: str | None = None
 
     @model_validator(mode="after")
     def _merge_needs_key(self) -> SinkSpec:
@@ -134,6 +136,28 @@ class SinkSpec(_Strict):
             missing = [k for k in self.key if k not in self.columns]
             if missing:
                 raise ValueError(f"sink {self.name!r}: key columns {missing} are not in columns")
+        return self
+
+    @model_validator(mode="after")
+    def _order_by_orders_merge_rows(self) -> SinkSpec:
+        if self.order_by is None:
+            return self
+        if self.output != "merge":
+            raise ValueError(
+                f"sink {self.name!r}: order_by {self.order_by!r} only applies to output "
+                "'merge' (it picks the row per key); remove it or set output: merge"
+            )
+        if self.order_by in self.key:
+            raise ValueError(
+                f"sink {self.name!r}: order_by {self.order_by!r} is a key column, so it is the "
+                "same for all of a key's rows; order by a column that differs between them, "
+                "e.g. an event time"
+            )
+        if self.columns is not None and self.order_by not in self.columns:
+            raise ValueError(
+                f"sink {self.name!r}: order_by {self.order_by!r} is not in columns "
+                f"{self.columns}; add it to columns or order by one of them"
+            )
         return self
 
 

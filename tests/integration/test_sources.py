@@ -31,6 +31,7 @@ from streamkeeper.sources.delta import build_delta_source
 from streamkeeper.sources.nats import build_nats_source
 from streamkeeper.spec import JobSpec, SourceSpec, load_spec
 from streamkeeper.storage import Location, S3Settings
+from tests.support.deletion_vectors import delete_rows_with_deletion_vector
 from tests.support.driver import driver_env
 from tests.support.services import NatsServer, free_port
 
@@ -254,6 +255,34 @@ def test_delta_source_gives_exact_totals_resumes_and_refuses_rewrites(tmp_path: 
     deleted_at = upstream.table().version()
     with pytest.raises(Exception, match=rf"version {deleted_at} \(DELETE\).*skipChangeCommits"):
         _run(spec)
+
+
+def test_delta_source_refuses_deletion_vectors_naming_the_version(tmp_path: Path) -> None:
+    location = Location(str(tmp_path / "upstream"))
+    schema = pa.schema([("key", pa.string()), ("value", pa.int64())])
+    # delta-rs enables the feature but never writes vectors; a DV engine's commit is made here.
+    DeltaTable.create(
+        location.uri, schema=schema, configuration={"delta.enableDeletionVectors": "true"}
+    )
+    upstream = Upstream(location)
+    first = upstream.append(range(0, 10))
+    upstream.append(range(10, 20))
+    overrides = {**LOCAL_SPARK, "source.table": location.uri}
+    spec = _local_spec(DELTA_SPEC, tmp_path, overrides)
+    assert _run(spec).batches == 2  # one append per batch (the create adds no file)
+    assert_exact(spec, upstream.events, "version", before=-1)
+
+    vector_at = delete_rows_with_deletion_vector(tmp_path / "upstream", first, [0, 3])
+    assert len(pa.table(upstream.table().deletion_vectors())) == 1  # delta-rs reads it
+    upstream.append(range(20, 30))
+    with pytest.raises(Exception, match=rf"DeletionVectorError.*version {vector_at} \(DELETE\)"):
+        _run(spec)
+
+    skipping = _local_spec(
+        DELTA_SPEC, tmp_path, {**overrides, "source.options.skipChangeCommits": True}
+    )
+    assert _run(skipping).batches == 1  # the vector commit (skipped) and the append
+    assert_exact(skipping, upstream.events, "version", before=-1)
 
 
 def test_a_missing_table_fails_before_spark_starts(tmp_path: Path) -> None:

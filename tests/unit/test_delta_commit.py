@@ -11,7 +11,7 @@ import pytest
 
 from streamkeeper.commit.tables import TableCommitter, TableTarget, ensure_table
 from streamkeeper.commit.wal import DataFile, SinkBatch
-from streamkeeper.errors import FencedError, SchemaMismatchError
+from streamkeeper.errors import DuplicateKeyError, FencedError, SchemaMismatchError
 from streamkeeper.storage import Location
 
 SCHEMA = pa.schema([("key", pa.string()), ("total", pa.int64())])
@@ -113,18 +113,23 @@ def test_lower_epoch_is_fenced_and_adds_nothing(target: TableTarget) -> None:
     assert target.committed_seq() == 1
 
 
-def test_merge_upserts_and_last_duplicate_wins(target: TableTarget, tmp_path: Path) -> None:
+def test_merge_upserts_and_greatest_order_by_wins(target: TableTarget, tmp_path: Path) -> None:
     committer = TableCommitter(target, epoch=1)
     committer.commit(
         append_part(target, "sk-0.parquet", {"key": ["a", "b"], "total": [1, 2]}), seq=0
     )
     staging = tmp_path / "staging"
     files = [
-        parquet_file(staging / "f1.parquet", {"key": ["b", "c", "c"], "total": [20, 30, 31]}),
-        parquet_file(staging / "f2.parquet", {"key": ["c", "d"], "total": [32, 40]}),
+        parquet_file(staging / "f1.parquet", {"key": ["b", "c", "c"], "total": [20, 32, 31]}),
+        parquet_file(staging / "f2.parquet", {"key": ["c", "d"], "total": [30, 40]}),
     ]
     merge = SinkBatch(
-        table=target.location.uri, output="merge", mode="exactly_once", key=["key"], files=files
+        table=target.location.uri,
+        output="merge",
+        mode="exactly_once",
+        key=["key"],
+        files=files,
+        order_by="total",
     )
     version = committer.commit(merge, seq=1)
     assert version == 2
@@ -133,6 +138,21 @@ def test_merge_upserts_and_last_duplicate_wins(target: TableTarget, tmp_path: Pa
     assert target.committed_seq() == 1
     assert committer.commit(merge, seq=1) == 2  # replayed merge: no-op
     assert target.open().version() == 2
+    # A later batch with a late row (a lower order_by) does not replace the newer one.
+    late = parquet_file(staging / "f3.parquet", {"key": ["c", "d"], "total": [5, 41]})
+    committer.commit(
+        SinkBatch(target.location.uri, "merge", "exactly_once", ["key"], [late], "total"), seq=2
+    )
+    assert contents(target) == {"a": 1, "b": 20, "c": 32, "d": 41}
+
+
+def test_merge_refuses_duplicate_keys_without_order_by(target: TableTarget, tmp_path: Path) -> None:
+    # Batches refuse these before their manifest; only an older manifest can get here.
+    staged = parquet_file(tmp_path / "f.parquet", {"key": ["c", "c"], "total": [1, 2]})
+    merge = SinkBatch(target.location.uri, "merge", "exactly_once", ["key"], [staged])
+    with pytest.raises(DuplicateKeyError, match="merge sink 'totals'.*key='c'"):
+        TableCommitter(target, epoch=1).commit(merge, seq=1)
+    assert target.open().version() == 0 and target.committed_seq() == -1
 
 
 def test_at_least_once_commits_without_checks_but_records_its_seq(target: TableTarget) -> None:

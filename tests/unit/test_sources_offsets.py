@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -12,7 +13,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles, Rea
 
 from streamkeeper.errors import SourceError, SpecError
 from streamkeeper.sources.delta import (
+    Commit,
     DataFile,
+    DeletionVectorError,
     DeltaConfig,
     DeltaStreamReader,
     NotAppendOnlyError,
@@ -21,6 +24,7 @@ from streamkeeper.sources.delta import (
     conform,
     group_files,
     location_options,
+    parse_commit,
     parse_version,
     version_offset,
 )
@@ -36,6 +40,7 @@ from streamkeeper.sources.nats import (
     split_range,
 )
 from streamkeeper.storage import Location, S3Settings
+from tests.support.deletion_vectors import deletion_vector_actions
 
 NATS = NatsConfig(url="nats://127.0.0.1:4222", stream="EVENTS")
 
@@ -129,12 +134,9 @@ def test_messages_lost_to_retention_stop_the_batch_unless_allowed() -> None:
 # -- Delta -----------------------------------------------------------------------------
 
 
-def _files(*names: str) -> dict[str, DataFile]:
-    return {name: DataFile(f"/t/{name}", 10) for name in names}
-
-
-def _no_history(version: int) -> str | None:
-    raise AssertionError(f"history read for version {version} without a removal")
+def _commit(version: int, *names: str, operation: str = "WRITE", **counts: int) -> Commit:
+    added = tuple(DataFile(f"/t/{name}", 10) for name in sorted(names))
+    return Commit(version=version, operation=operation, added=added, **counts)
 
 
 def test_delta_offsets_survive_the_checkpoint_json() -> None:
@@ -143,28 +145,80 @@ def test_delta_offsets_survive_the_checkpoint_json() -> None:
         parse_version({"seq": 4})
 
 
+def test_a_commit_file_is_parsed_into_its_appended_files() -> None:
+    # As delta-rs writes them: URL-encoded paths, partition values as strings.
+    lines = [
+        json.dumps({"commitInfo": {"operation": "WRITE", "operationParameters": {}}}),
+        json.dumps({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}),
+        json.dumps(
+            {
+                "add": {
+                    "path": "key=a%2520b/part-2.parquet",
+                    "partitionValues": {"key": "a b", "day": None},
+                    "size": 7,
+                    "dataChange": True,
+                }
+            }
+        ),
+        "",
+        json.dumps({"add": {"path": "key=c/part-1.parquet", "partitionValues": {}, "size": 5}}),
+        json.dumps({"txn": {"appId": "x", "version": 3}}),
+    ]
+    commit = parse_commit("s3://lake/events", 4, lines)
+    assert (commit.version, commit.operation, commit.removed, commit.deletion_vectors) == (
+        4,
+        "WRITE",
+        0,
+        0,
+    )
+    assert commit.added == (
+        DataFile("s3://lake/events/key=a%20b/part-2.parquet", 7, (("day", None), ("key", "a b"))),
+        DataFile("s3://lake/events/key=c/part-1.parquet", 5, ()),
+    )
+
+
+def test_deletion_vectors_and_removals_are_counted() -> None:
+    add = {"path": "p.parquet", "size": 10, "partitionValues": {}, "stats": '{"numRecords":3}'}
+    commit = parse_commit(
+        "/t", 9, [json.dumps(a) for a in deletion_vector_actions(add, [1], "DELETE")]
+    )
+    assert (commit.operation, commit.removed, commit.deletion_vectors) == ("DELETE", 1, 1)
+
+
 def test_an_append_yields_exactly_the_new_files_in_path_order() -> None:
-    before = _files("a.parquet")
-    after = _files("a.parquet", "c.parquet", "b.parquet")
-    added = appended_files("/t", 3, before, after, _no_history)
+    added = appended_files("/t", _commit(3, "c.parquet", "b.parquet"))
     assert [f.uri for f in added] == ["/t/b.parquet", "/t/c.parquet"]
 
 
 def test_a_commit_that_removes_files_is_refused_naming_its_version() -> None:
-    before, after = _files("a", "b"), _files("b", "b2")
     with pytest.raises(NotAppendOnlyError) as caught:
-        appended_files("s3://lake/events", 7, before, after, lambda v: "DELETE")
+        appended_files("s3://lake/events", _commit(7, "b2", operation="DELETE", removed=1))
     message = str(caught.value)
     assert caught.value.version == 7
     assert "'s3://lake/events'" in message and "version 7 (DELETE)" in message
     assert "skipChangeCommits: true" in message and "startingVersion: 8" in message
 
 
+def test_deletion_vectors_are_refused_naming_the_version() -> None:
+    # A DELETE with deletion vectors removes and re-adds the same file: no file disappears.
+    commit = _commit(12, "a", operation="DELETE", removed=1, deletion_vectors=1)
+    with pytest.raises(DeletionVectorError) as caught:
+        appended_files("s3://lake/events", commit)
+    message = str(caught.value)
+    assert caught.value.version == 12
+    assert "'s3://lake/events' version 12 (DELETE)" in message and "deletion vectors" in message
+    assert "delta.enableDeletionVectors=false" in message
+    assert "skipChangeCommits: true" in message and "startingVersion: 13" in message
+    # Even without a removal (an engine adding a file with a vector): never read it whole.
+    with pytest.raises(DeletionVectorError):
+        appended_files("/t", _commit(3, "a", operation="CLONE", deletion_vectors=1))
+    assert appended_files("/t", commit, skip_change_commits=True) == []
+
+
 def test_optimize_and_skipped_change_commits_yield_nothing() -> None:
-    before, after = _files("a", "b"), _files("ab")
-    assert appended_files("/t", 4, before, after, lambda v: "OPTIMIZE") == []
-    skipped = appended_files("/t", 4, before, after, lambda v: "MERGE", skip_change_commits=True)
-    assert skipped == []
+    assert appended_files("/t", _commit(4, "ab", operation="OPTIMIZE", removed=2)) == []
+    merge = _commit(4, "ab", operation="MERGE", removed=2)
+    assert appended_files("/t", merge, skip_change_commits=True) == []
 
 
 @pytest.mark.parametrize(
@@ -237,3 +291,107 @@ def test_delta_options_are_checked() -> None:
         DeltaConfig.from_options({"table": "/t", "maxFilePerTrigger": "2"})
     with pytest.raises(SpecError, match="skipChangeCommits='yes'"):
         DeltaConfig.from_options({"table": "/t", "skipChangeCommits": "yes"})
+
+
+def test_partition_values_in_their_log_form_conform() -> None:
+    schema = pa.schema(
+        [
+            ("at", pa.timestamp("us", tz="UTC")),
+            ("local", pa.timestamp("us")),
+            ("n", pa.int32()),
+            ("ok", pa.bool_()),
+            ("day", pa.date32()),
+            ("x", pa.float64()),
+        ]
+    )
+    batch = pa.RecordBatch.from_pydict({"x": [1.5]})
+    values = {
+        "at": "2024-05-01 12:30:01.123456",  # UTC, no offset: how delta-rs writes it
+        "local": "2024-05-01 12:30:01",
+        "n": "7",
+        "ok": "true",
+        "day": "2024-05-01",
+    }
+    row = conform(batch, schema, values).to_pylist()[0]
+    assert row["at"].isoformat() == "2024-05-01T12:30:01.123456+00:00"
+    assert row["local"].isoformat() == "2024-05-01T12:30:01"
+    assert (row["n"], row["ok"], row["day"].isoformat()) == (7, True, "2024-05-01")
+    iso = conform(batch, schema, {"at": "2024-05-01T12:30:01.5Z"}).to_pylist()[0]["at"]
+    assert iso.isoformat() == "2024-05-01T12:30:01.500000+00:00"
+
+
+# -- planning over a real table (delta-rs writes it; no Spark) ---------------------------
+
+
+@pytest.fixture
+def events(tmp_path: Path) -> Path:
+    """A local table with three append commits (versions 0..2) of 1, 2 and 1 files."""
+    from deltalake import write_deltalake
+
+    path = tmp_path / "events"
+    for keys in (["a"], ["b", "c"], ["d"]):
+        data = pa.table({"key": keys, "value": list(range(len(keys)))})
+        write_deltalake(str(path), data, mode="append", partition_by=["key"])
+    return path
+
+
+def _reader(path: Path, **options: str) -> DeltaStreamReader:
+    return DeltaStreamReader(DeltaConfig.from_options({"table": str(path), **options}), None)  # type: ignore[arg-type]
+
+
+def test_planning_reads_each_commit_once_and_never_the_whole_file_list(
+    events: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deltalake import DeltaTable
+
+    from streamkeeper.sources import delta
+
+    reads: list[int] = []
+    read_commit = delta.read_commit
+
+    def counted(location: Location, version: int) -> Commit:
+        reads.append(version)
+        return read_commit(location, version)
+
+    def full_file_list(*_: object, **__: object) -> None:
+        raise AssertionError("the table's whole file list was built for a batch")
+
+    monkeypatch.setattr(delta, "read_commit", counted)
+    monkeypatch.setattr(DeltaTable, "get_add_actions", full_file_list)
+    monkeypatch.setattr(DeltaTable, "file_uris", full_file_list)
+    reader = _reader(events)
+    limit = ReadMaxFiles(2)
+    end = reader.latestOffset(version_offset(-1), limit)
+    assert end == {"version": 1}  # 1 + 2 files reach the limit at version 1
+    parts = reader.partitions(version_offset(-1), end)
+    assert sorted(f.uri.rsplit("/", 2)[1] for p in parts for f in p.files) == [
+        "key=a",
+        "key=b",
+        "key=c",
+    ]
+    assert reads == [0, 1]  # planned by latestOffset, reused by partitions
+    reader.commit(end)
+    assert reader.latestOffset(end, limit) == {"version": 2}
+    assert reader.latestOffset(end, limit) == {"version": 2}  # nothing read again
+    assert reads == [0, 1, 2]
+    copy = pickle.loads(pickle.dumps(reader))  # after use: holds a DeltaTable
+    assert copy.config == reader.config and copy._table is None
+
+
+def test_planning_refuses_a_deletion_vector_commit(events: Path) -> None:
+    from tests.support.deletion_vectors import delete_rows_with_deletion_vector
+
+    dv_version = delete_rows_with_deletion_vector(events, 1, [0])
+    reader = _reader(events)
+    assert reader.latestOffset(version_offset(-1), ReadAllAvailable()) == {"version": 3}
+    with pytest.raises(DeletionVectorError, match=f"version {dv_version} \\(DELETE\\)"):
+        reader.partitions(version_offset(-1), {"version": 3})
+    skipping = _reader(events, skipChangeCommits="true")
+    parts = skipping.partitions(version_offset(-1), {"version": 3})
+    assert len([f for p in parts for f in p.files]) == 4  # the versions 0..2 appends only
+
+
+def test_a_cleaned_up_commit_names_the_version_and_the_fix(events: Path) -> None:
+    (events / "_delta_log" / f"{1:020d}.json").unlink()
+    with pytest.raises(SourceError, match="cannot read version 1 .*startingVersion"):
+        _reader(events).partitions(version_offset(0), {"version": 2})

@@ -115,6 +115,44 @@ def test_key_must_be_in_columns(sample: dict[str, Any]) -> None:
     assert "key columns ['key'] are not in columns" in spec_error(sample)
 
 
+def test_merge_order_by_loads(sample: dict[str, Any]) -> None:
+    sample["sinks"][0]["order_by"] = "events"
+    spec = parse_spec(sample)
+    assert spec.sinks[0].order_by == "events" and spec.sinks[1].order_by is None
+
+
+@pytest.mark.parametrize(
+    ("sink", "expected"),
+    [
+        (1, "order_by 'events' only applies to output 'merge'"),  # the append sink
+        (0, "order_by 'key' is a key column"),
+    ],
+)
+def test_order_by_is_for_merge_sinks_and_not_a_key(
+    sample: dict[str, Any], sink: int, expected: str
+) -> None:
+    sample["sinks"][sink]["order_by"] = "key" if sink == 0 else "events"
+    message = spec_error(sample)
+    assert f"sinks.{sink}" in message and expected in message
+
+
+def test_order_by_must_be_in_columns(sample: dict[str, Any]) -> None:
+    sample["sinks"][0].update(columns=["key", "total"], order_by="events")
+    message = spec_error(sample)
+    assert "order_by 'events' is not in columns ['key', 'total']" in message
+    assert "add it to columns" in message
+
+
+def test_order_by_must_be_an_output_column(sample: dict[str, Any]) -> None:
+    from streamkeeper.commit.batch import check_sink_columns
+
+    sample["sinks"][0]["order_by"] = "updated_at"
+    spec = parse_spec(sample)
+    with pytest.raises(SpecError, match=r"sink 'totals' names columns \['updated_at'\]"):
+        check_sink_columns(spec, ["key", "events", "total"])
+    check_sink_columns(spec, ["key", "events", "total", "updated_at"])
+
+
 def test_duplicate_sink_names(sample: dict[str, Any]) -> None:
     sample["sinks"][1]["name"] = "totals"
     sample["sinks"][1]["output"] = "merge"

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import importlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 
 from streamkeeper.errors import StorageError
 from streamkeeper.spec import StorageSpec
-from streamkeeper.storage import LocalStore, Location, S3Settings, join_under, probe, resolve_root
+from streamkeeper.storage import (
+    LocalStore,
+    Location,
+    S3Settings,
+    S3Store,
+    join_under,
+    probe,
+    resolve_root,
+)
 
 
 @pytest.mark.parametrize("relative", ["..", "../x", "a/../../x", "a/b/../../../etc", ".", ""])
@@ -173,3 +187,199 @@ def test_probe_local_unwritable_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="cannot write to") as caught:
         probe(Location(str(blocker)))
     assert str(blocker) in str(caught.value)
+
+
+# -- the S3 probe: transient errors are retried, refusals are final ----------------------
+
+PROBE = importlib.import_module("streamkeeper.storage.probe")  # the package re-exports `probe`
+Outcome = BaseException | tuple[int, bytes]
+
+
+def _s3_location(endpoint: str = "http://127.0.0.1:9") -> Location:
+    settings = S3Settings(
+        endpoint_url=endpoint, region="us-east-1", access_key="ak", secret_key="sk", allow_http=True
+    )
+    return Location("s3://bucket/prefix", settings)
+
+
+def _s3_error(code: str, status: int) -> tuple[int, bytes]:
+    body = f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode()
+    return status, body
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: object) -> Iterator[bytes]:
+        yield self.body
+
+
+class ScriptedS3:
+    """Answers the probe's HTTP requests from a script, inside botocore (no server).
+
+    Each outcome is an exception (raised where the HTTP send would be, so botocore's
+    own error handling sees it) or an HTTP status and body.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome]) -> None:
+        self.outcomes = list(outcomes)
+        self.requests: list[str] = []
+        self.store = S3Store(_s3_location(), fail_fast=True)
+        self.store.client.meta.events.register_first("before-send.s3", self._answer)
+        monkeypatch.setattr(PROBE, "S3Store", lambda location, fail_fast: self.store)
+
+    def _answer(self, request: AWSPreparedRequest, **_: object) -> AWSResponse:
+        self.requests.append(request.method)
+        if not self.outcomes:
+            raise AssertionError(f"unexpected request {request.method} {request.url}")
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        status, body = outcome
+        return AWSResponse(request.url, status, {}, _Raw(body))
+
+
+OK_HEAD, OK_PUT = (200, b""), (200, b"")
+OK_DELETE = (200, b"<DeleteResult></DeleteResult>")
+
+
+def test_probe_retries_transient_errors_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.exceptions import ConnectionClosedError, EndpointConnectionError
+
+    endpoint = "http://127.0.0.1:9"
+    script = ScriptedS3(
+        monkeypatch,
+        [
+            EndpointConnectionError(endpoint_url=endpoint),
+            ConnectionClosedError(endpoint_url=endpoint),
+            OK_HEAD,
+            _s3_error("ServiceUnavailable", 503),  # the PUT fails once: the attempt restarts
+            OK_HEAD,
+            OK_PUT,
+            OK_DELETE,
+        ],
+    )
+    probe(_s3_location(endpoint))
+    assert script.outcomes == []
+    assert script.requests[-3:] == ["HEAD", "PUT", "POST"]
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "message"),
+    [
+        ([(403, b"")], "refused the credentials"),  # HEAD answers have no body: just 403
+        ([OK_HEAD, _s3_error("InvalidAccessKeyId", 403)], "InvalidAccessKeyId"),
+        ([OK_HEAD, _s3_error("SignatureDoesNotMatch", 403)], "SignatureDoesNotMatch"),
+        ([(404, b"")], "bucket 'bucket' does not exist"),
+        ([OK_HEAD, _s3_error("NoSuchBucket", 404)], "bucket 'bucket' does not exist"),
+    ],
+)
+def test_probe_fails_fast_on_refusals(
+    monkeypatch: pytest.MonkeyPatch, outcomes: list[Outcome], message: str
+) -> None:
+    script = ScriptedS3(monkeypatch, outcomes)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=message) as caught:
+        probe(_s3_location())
+    assert time.monotonic() - started < 1
+    assert script.outcomes == [] and len(script.requests) == len(outcomes)  # no retry
+    assert "s3://bucket/prefix" in str(caught.value)
+    if "credentials" in message or "Invalid" in message or "Signature" in message:
+        assert "AWS_ACCESS_KEY_ID" in str(caught.value)
+
+
+def test_probe_gives_up_on_persistent_transient_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    endpoint = "http://127.0.0.1:9"
+    script = ScriptedS3(monkeypatch, [EndpointConnectionError(endpoint_url=endpoint)] * 50)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match="cannot reach object storage") as caught:
+        probe(_s3_location(endpoint), retry_seconds=1.0)
+    assert time.monotonic() - started < 3
+    assert len(script.requests) > 1
+    assert endpoint in str(caught.value) and "AWS_ENDPOINT_URL" in str(caught.value)
+
+
+def test_probe_names_a_server_that_keeps_failing(monkeypatch: pytest.MonkeyPatch) -> None:
+    ScriptedS3(monkeypatch, [_s3_error("SlowDown", 503)] * 50)
+    with pytest.raises(StorageError, match="kept failing.*SlowDown.*check the server"):
+        probe(_s3_location(), retry_seconds=0.5)
+
+
+class _NoResponse(Exception):
+    response = None  # some clients set it, but to None
+
+
+def test_probe_explains_errors_without_a_response(monkeypatch: pytest.MonkeyPatch) -> None:
+    ScriptedS3(monkeypatch, [_NoResponse("gone")])
+    with pytest.raises(StorageError, match=r"cannot reach object storage.*_NoResponse: gone"):
+        probe(_s3_location())
+
+
+def test_error_codes_and_transience() -> None:
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionClosedError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+        SSLError,
+    )
+
+    for error in (
+        EndpointConnectionError(endpoint_url="http://x"),
+        ReadTimeoutError(endpoint_url="http://x"),
+        ClientError({"Error": {"Code": "InternalError"}}, "HeadBucket"),
+        ClientError({"Error": {"Code": "503"}}, "HeadBucket"),
+        ClientError({"ResponseMetadata": {"HTTPStatusCode": 500}}, "HeadBucket"),
+    ):
+        assert PROBE.is_transient(error), error
+    slow = ClientError({"Error": {"Code": "SlowDown"}}, "PutObject")
+    status_only = ClientError({"ResponseMetadata": {"HTTPStatusCode": 502}}, "HeadBucket")
+    denied = ClientError({"Error": {"Code": "AccessDenied"}}, "PutObject")
+    assert [PROBE.error_code(e) for e in (slow, status_only, denied)] == [
+        "SlowDown",
+        "502",
+        "AccessDenied",
+    ]
+    closed = ConnectionClosedError(endpoint_url="http://x")
+    assert PROBE.error_code(closed) == "" and PROBE.error_code(_NoResponse()) == ""
+    assert PROBE.is_transient(slow) and PROBE.is_transient(status_only)
+    assert PROBE.is_transient(closed) and PROBE.is_transient(ConnectionResetError())
+    assert not PROBE.is_transient(denied)
+    assert not PROBE.is_transient(SSLError(endpoint_url="https://x", error="bad cert"))
+    assert not PROBE.is_transient(ValueError("x"))
+
+
+def test_probe_of_a_server_that_closes_every_connection_ends_within_seconds() -> None:
+    """A real socket that accepts and closes without answering: retried, then refused."""
+    accepted = []
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(1)
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    started = time.monotonic()
+    try:
+        with pytest.raises(StorageError, match="cannot reach object storage") as caught:
+            probe(_s3_location(endpoint))
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+    elapsed = time.monotonic() - started
+    assert 2 < elapsed < 10, elapsed  # retried for a few seconds, never for long
+    assert len(accepted) > 1
+    assert endpoint in str(caught.value)

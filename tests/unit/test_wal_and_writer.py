@@ -50,6 +50,20 @@ def test_manifest_round_trip(wal: WriteAheadLog) -> None:
     assert wal.read(4).sinks["totals"].rows == 2
 
 
+def test_manifest_keeps_order_by_and_reads_older_manifests_without_it(
+    wal: WriteAheadLog,
+) -> None:
+    written = manifest(4)
+    written.sinks["totals"].order_by = "updated_at"
+    wal.write(written)
+    assert wal.read(4).sinks["totals"].order_by == "updated_at"
+    older = manifest(5).to_json()
+    for part in older["sinks"].values():
+        del part["order_by"]
+    wal.store.write_json(wal.layout.manifest(5), older)
+    assert wal.read(5).sinks["totals"].order_by is None
+
+
 def test_pending_is_in_seq_order(wal: WriteAheadLog) -> None:
     for seq in [10, 2, 7]:
         wal.write(manifest(seq))

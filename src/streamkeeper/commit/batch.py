@@ -6,14 +6,22 @@ One Spark action per batch: executors write every sink's Parquet files in a sing
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamkeeper import injection
 from streamkeeper.commit import crashpoints
 from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.commit.merge_rows import (
+    EXAMPLES,
+    check_one_row_per_key,
+    duplicate_key_error,
+    unique_columns,
+)
 from streamkeeper.commit.sequence import CommitSequence
+from streamkeeper.commit.tables import read_staged_files
 from streamkeeper.commit.wal import DataFile, Manifest, SinkBatch
 from streamkeeper.commit.writer import RESULT_SCHEMA, SinkWritePlan, make_partition_writer
 from streamkeeper.errors import SpecError
@@ -36,13 +44,42 @@ def mask_column(index: int) -> str:
 def check_sink_columns(spec: JobSpec, output_columns: list[str]) -> None:
     """Every column a sink names must be in the job's output."""
     for sink in spec.sinks:
-        wanted = list(sink.columns or []) + list(sink.key)
+        wanted = [*(sink.columns or []), *sink.key, *([sink.order_by] if sink.order_by else [])]
         missing = [c for c in wanted if c not in output_columns]
         if missing:
             raise SpecError(
                 f"sink {sink.name!r} names columns {missing} that the transformation does not "
                 f"produce; its output columns are {output_columns}"
             )
+
+
+def refuse_duplicate_keys(
+    sinks: list[SinkSpec],
+    plans: list[SinkWritePlan],
+    files: dict[str, list[DataFile]],
+    repeated: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Refuse a merge sink's batch with two rows for one key, before its manifest exists.
+
+    Refused at commit time, after its checkpoint completed, the batch could never be
+    committed. Each task checked its own file (`repeated`: what they found); across files
+    only the unique columns are read back, and only when a sink has more than one file.
+
+    Raises:
+        DuplicateKeyError: naming the sink, the repeated values and the fix.
+    """
+    by_name = {sink.name: sink for sink in sinks}
+    for plan in plans:
+        if not plan.unique:
+            continue
+        sink = by_name[plan.sink]
+        if plan.sink in repeated:
+            examples = repeated[plan.sink][:EXAMPLES]
+            raise duplicate_key_error(sink.name, sink.key, sink.order_by, examples)
+        staged = files.get(plan.sink, [])
+        if len(staged) > 1:
+            values = read_staged_files(staged, plan.directory, columns=list(plan.unique))
+            check_one_row_per_key(values, sink.name, sink.key, sink.order_by)
 
 
 @dataclass
@@ -142,6 +179,7 @@ class BatchWriter:
             output=sink.output,
             mode=self.ctx.spec.sink_mode(sink),
             key=list(sink.key),
+            order_by=sink.order_by,
         )
 
     def _already_committed(self, previous: Manifest, seq: int | None) -> dict[str, SinkBatch]:
@@ -167,6 +205,7 @@ class BatchWriter:
             columns=tuple(sink.columns or self.ctx.output_columns),
             mask_column=mask_column(index) if sink.where else None,
             relative_to=relative,
+            unique=tuple(unique_columns(sink.key, sink.order_by)) if relative is None else (),
         )
 
     def _write_files(
@@ -181,6 +220,7 @@ class BatchWriter:
         writer = make_partition_writer(plans, self.ctx.fence.epoch)
         rows = frame.mapInArrow(writer, RESULT_SCHEMA).collect()
         files: dict[str, list[DataFile]] = {}
+        repeated: dict[str, list[dict[str, Any]]] = {}  # found by executors, per sink
         for row in rows:
             files.setdefault(row["sink"], []).append(
                 DataFile(
@@ -192,4 +232,7 @@ class BatchWriter:
                     attempt=row["attempt"],
                 )
             )
+            if row["duplicates"]:
+                repeated.setdefault(row["sink"], []).extend(json.loads(row["duplicates"]))
+        refuse_duplicate_keys(self.ctx.spec.sinks, plans, files, repeated)
         return files

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from streamkeeper.commit.merge_rows import last_row_per_key
 from streamkeeper.errors import FencedError, SchemaMismatchError, SpecError, StreamkeeperError
 from streamkeeper.storage import Location
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from deltalake import DeltaTable
 
-    from streamkeeper.commit.wal import SinkBatch
+    from streamkeeper.commit.wal import DataFile, SinkBatch
 
 log = logging.getLogger(__name__)
 
@@ -306,9 +307,14 @@ class TableCommitter:
         return base + 1  # no retries: the commit is exactly the next version
 
     def _merge(self, table: DeltaTable, part: SinkBatch, seq: int) -> int:
-        rows = read_staged_rows(part, self.target.location)
+        rows = read_staged_rows(part, self.target.location, sink=self.target.sink)
         # A null key is one key, as in a GROUP BY: `=` would insert it again every batch.
         predicate = " AND ".join(f"t.{k} IS NOT DISTINCT FROM s.{k}" for k in part.key)
+        newer = None
+        if part.order_by:
+            # Across batches too: a late row (lower order_by) never replaces a newer one.
+            column = part.order_by
+            newer = f"t.{column} IS NULL OR (s.{column} IS NOT NULL AND s.{column} >= t.{column})"
         (
             table.merge(
                 rows,
@@ -317,24 +323,36 @@ class TableCommitter:
                 target_alias="t",
                 commit_properties=self._commit_properties(part, seq),
             )
-            .when_matched_update_all()
+            .when_matched_update_all(predicate=newer)
             .when_not_matched_insert_all()
             .execute()
         )
         return table.version()  # merge leaves the table object at its own commit
 
 
-def read_staged_rows(part: SinkBatch, like: Location) -> pa.Table:
-    """The buffered merge rows of a batch, the last row per key winning."""
+def read_staged_rows(part: SinkBatch, like: Location, sink: str = "?") -> pa.Table:
+    """The buffered merge rows of a batch: one row per key, the greatest `order_by` winning.
+
+    Raises:
+        DuplicateKeyError: two rows share a key (and `order_by` value). The batch already
+            refused that before its manifest was written, so only an older manifest can.
+    """
+    rows = read_staged_files(part.files, like)
+    return last_row_per_key(rows, part.key, part.order_by, sink=sink)
+
+
+def read_staged_files(
+    files: list[DataFile], like: Location, columns: list[str] | None = None
+) -> pa.Table:
+    """Staged merge files (absolute paths on `like`'s file system) as one table."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     filesystem = like.arrow_filesystem()
     tables = []
-    for data_file in part.files:
+    for data_file in files:
         path = data_file.path.removeprefix("s3://") if like.is_s3 else data_file.path
-        tables.append(pq.read_table(path, filesystem=filesystem, use_threads=False))
-    rows = pa.concat_tables(tables)
-    order = pa.array(range(rows.num_rows), type=pa.int64())
-    last = rows.append_column("__row", order).group_by(part.key).aggregate([("__row", "max")])
-    return rows.take(last.column("__row_max"))
+        tables.append(
+            pq.read_table(path, columns=columns, filesystem=filesystem, use_threads=False)
+        )
+    return pa.concat_tables(tables)

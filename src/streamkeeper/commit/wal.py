@@ -43,6 +43,7 @@ class SinkBatch:
     mode: str  # exactly_once | idempotent | at_least_once
     key: list[str] = field(default_factory=list)
     files: list[DataFile] = field(default_factory=list)
+    order_by: str | None = None  # merge: the greatest value wins per key
 
     @property
     def rows(self) -> int:
@@ -90,6 +91,7 @@ class Manifest:
                     mode=s["mode"],
                     key=list(s.get("key", [])),
                     files=[DataFile(**f) for f in s.get("files", [])],
+                    order_by=s.get("order_by"),
                 )
                 for name, s in data["sinks"].items()
             }

@@ -1,16 +1,19 @@
 """A Delta table as a replayable source: offsets are table versions.
 
-Batch (start, end] holds the rows that commits start+1..end appended. The planner walks
-those versions' snapshots (delta-rs, no delta-spark) and keeps the files each commit
-added; tasks read exactly those Parquet files. Versions are immutable, so a replay of a
-batch reads the same files. A commit that removed files (DELETE, UPDATE, MERGE,
-overwrite) has no append-only meaning: the stream stops and names its version, unless
-`skipChangeCommits` is set. OPTIMIZE only rewrites rows already read and is skipped.
+Batch (start, end] holds the rows that commits start+1..end appended. The planner reads
+those versions' commit files (`_delta_log/{version}.json`, no delta-spark) and keeps the
+files each commit added; tasks read exactly those Parquet files. Versions are immutable,
+so a replay of a batch reads the same files, and planning costs one small read per new
+commit, never a rebuild of the table's file list. A commit that removed files (DELETE,
+UPDATE, MERGE, overwrite) or marked rows deleted with deletion vectors has no
+append-only meaning: the stream stops and names its version, unless `skipChangeCommits`
+is set. OPTIMIZE only rewrites rows already read and is skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -52,6 +55,22 @@ class NotAppendOnlyError(SourceError):
             f"Delta table {table!r} is not append-only: version {version} "
             f"({operation or 'unknown operation'}) removed {removed} file(s), so it cannot be "
             "streamed as appends. Stream an append-only table, set "
+            "source.options.skipChangeCommits: true to skip such commits (their changes are "
+            "not streamed), or start a new checkpoint with "
+            f"source.options.startingVersion: {version + 1}"
+        )
+
+
+class DeletionVectorError(SourceError):
+    """A commit in a batch's range marked rows deleted with deletion vectors."""
+
+    def __init__(self, table: str, version: int, operation: str | None, files: int) -> None:
+        self.version = version
+        super().__init__(
+            f"Delta table {table!r} version {version} ({operation or 'unknown operation'}) "
+            f"wrote deletion vectors for {files} file(s): rows were deleted in place, which "
+            "cannot be streamed as appends (this source reads whole Parquet files). Stream a "
+            "table without deletion vectors (delta.enableDeletionVectors=false), set "
             "source.options.skipChangeCommits: true to skip such commits (their changes are "
             "not streamed), or start a new checkpoint with "
             f"source.options.startingVersion: {version + 1}"
@@ -163,29 +182,62 @@ class DataFile:
     partition_values: tuple[tuple[str, Any], ...] = ()
 
 
+@dataclass(frozen=True)
+class Commit:
+    """What one table version did, from its commit file."""
+
+    version: int
+    operation: str | None = None
+    added: tuple[DataFile, ...] = ()  # in path order
+    removed: int = 0  # remove actions
+    deletion_vectors: int = 0  # add actions carrying a deletion vector
+
+
+def parse_commit(root: str, version: int, lines: Iterable[str]) -> Commit:
+    """The actions of commit file `version` (one JSON action per line) of table `root`."""
+    operation: str | None = None
+    added: dict[str, DataFile] = {}
+    removed = deletion_vectors = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            operation = (action["commitInfo"] or {}).get("operation")
+        elif "remove" in action:
+            removed += 1
+        elif "add" in action:
+            add = action["add"]
+            if add.get("deletionVector"):
+                deletion_vectors += 1
+            values = tuple(sorted((add.get("partitionValues") or {}).items()))
+            added[add["path"]] = DataFile(_file_uri(root, add["path"]), add["size"], values)
+    return Commit(
+        version=version,
+        operation=operation,
+        added=tuple(added[path] for path in sorted(added)),
+        removed=removed,
+        deletion_vectors=deletion_vectors,
+    )
+
+
 def appended_files(
-    table: str,
-    version: int,
-    before: Mapping[str, DataFile],
-    after: Mapping[str, DataFile],
-    operation_of: Callable[[int], str | None],
-    *,
-    skip_change_commits: bool = False,
+    table: str, commit: Commit, *, skip_change_commits: bool = False
 ) -> list[DataFile]:
-    """The files commit `version` appended, given the snapshots before and after it.
+    """The files `commit` appended.
 
     Raises:
+        DeletionVectorError: the commit marked rows deleted with deletion vectors.
         NotAppendOnlyError: the commit removed files and is neither a rearrangement
             (OPTIMIZE) nor skipped by `skip_change_commits`.
     """
-    removed = before.keys() - after.keys()
-    added = [after[path] for path in sorted(after.keys() - before.keys())]
-    if not removed:
-        return added
-    operation = operation_of(version)  # only asked on this rare path: it reads history
-    if operation in REARRANGING_OPERATIONS or skip_change_commits:
+    if not commit.removed and not commit.deletion_vectors:
+        return list(commit.added)
+    if commit.operation in REARRANGING_OPERATIONS or skip_change_commits:
         return []
-    raise NotAppendOnlyError(table, version, operation, len(removed))
+    if commit.deletion_vectors:
+        raise DeletionVectorError(table, commit.version, commit.operation, commit.deletion_vectors)
+    raise NotAppendOnlyError(table, commit.version, commit.operation, commit.removed)
 
 
 def admit(start: int, cap: int, max_files: int | None, counts: Iterator[tuple[int, int]]) -> int:
@@ -235,27 +287,44 @@ def conform(
         if field.name in batch.schema.names:
             arrays.append(batch.column(field.name).cast(field.type))
         elif partition_values.get(field.name) is not None:
-            value = pa.array([partition_values[field.name]]).cast(field.type)[0]
+            value = partition_scalar(partition_values[field.name], field.type)
             arrays.append(pa.repeat(value, rows))
         else:  # a column added after this file was written, or a null partition value
             arrays.append(pa.nulls(rows, field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def partition_scalar(value: Any, data_type: pa.DataType) -> pa.Scalar:
+    """A partition value as `data_type`; the log writes them as strings ('1', '2024-05-01').
+
+    Timestamps are written in UTC without an offset ('2024-05-01 12:30:01.123456'), which
+    Arrow will not cast to a zoned timestamp directly.
+    """
+    import pyarrow as pa
+
+    raw = pa.array([value])
+    if pa.types.is_string(raw.type) and pa.types.is_timestamp(data_type) and data_type.tz:
+        try:
+            return raw.cast(data_type)[0]  # ISO 8601 with an offset or 'Z'
+        except pa.ArrowInvalid:
+            return raw.cast(pa.timestamp(data_type.unit)).cast(data_type)[0]
+    return raw.cast(data_type)[0]
+
+
 # -- the table through delta-rs (driver side) ------------------------------------------
 
 
-def open_table(location: Location, version: int | None = None) -> DeltaTable:
-    """The table (at `version` if given).
+def open_table(location: Location) -> DeltaTable:
+    """The table at its latest version.
 
     Raises:
-        SourceError: it is not a Delta table, or the version cannot be loaded.
+        SourceError: it is not a Delta table, or it cannot be loaded.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        return DeltaTable(location.uri, version=version, storage_options=location.storage_options())
+        return DeltaTable(location.uri, storage_options=location.storage_options())
     except TableNotFoundError as error:
         raise SourceError(
             f"source.table {location.uri!r} is not a Delta table ({_first_line(error)}); "
@@ -263,9 +332,8 @@ def open_table(location: Location, version: int | None = None) -> DeltaTable:
         ) from None
     except DeltaError as error:
         raise SourceError(
-            f"cannot load version {version} of Delta table {location.uri!r} "
-            f"({_first_line(error)}); if its log was cleaned up, start a new checkpoint "
-            "with a later source.options.startingVersion"
+            f"cannot load Delta table {location.uri!r} ({_first_line(error)}); check "
+            "source.table and that the table's log is readable"
         ) from None
 
 
@@ -292,20 +360,6 @@ def table_schema(location: Location) -> StructType:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=True)
 
 
-def snapshot_files(table: DeltaTable, root: str) -> dict[str, DataFile]:
-    """The snapshot's files by their log path."""
-    import pyarrow as pa
-
-    actions = pa.table(table.get_add_actions(flatten=True))
-    partitions = [name for name in actions.column_names if name.startswith("partition.")]
-    columns = actions.select(["path", "size_bytes", *partitions]).to_pydict()  # skip stats
-    files = {}
-    for row, path in enumerate(columns["path"]):
-        values = tuple((name.removeprefix("partition."), columns[name][row]) for name in partitions)
-        files[path] = DataFile(_file_uri(root, path), columns["size_bytes"][row], values)
-    return files
-
-
 def _file_uri(root: str, path: str) -> str:
     decoded = unquote(path)  # log paths are URL-encoded; storage keys are not
     if "://" in decoded or decoded.startswith("/"):
@@ -313,37 +367,41 @@ def _file_uri(root: str, path: str) -> str:
     return root.rstrip("/") + "/" + decoded
 
 
-def walk(config: DeltaConfig, start: int, end: int) -> Iterator[tuple[int, list[DataFile]]]:
-    """Each version in (start, end] with the files it appended, in version order."""
-    if end <= start:
-        return
-    location, first = config.location, max(start, -1) + 1
-    table = open_table(location, max(start, 0))
-    before = {} if start < 0 else snapshot_files(table, location.uri)
+def read_commit(location: Location, version: int) -> Commit:
+    """Commit `version` of the table, from `_delta_log/{version:020}.json`.
 
-    def operation_of(version: int) -> str | None:
-        latest = open_table(location)
-        for entry in latest.history(limit=latest.version() - version + 1):
-            if entry.get("version") == version:
-                return entry.get("operation")
-        return None
+    Raises:
+        SourceError: the commit file is gone (the log was cleaned up) or unreadable.
+    """
+    path = f"{location.fs_path}/_delta_log/{version:020d}.json"
+    try:
+        with location.arrow_filesystem().open_input_stream(path) as stream:
+            text = stream.read().decode("utf-8")
+        return parse_commit(location.uri, version, text.splitlines())
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SourceError(
+            f"cannot read version {version} of Delta table {location.uri!r} "
+            f"({type(error).__name__}: {_first_line(error)}); if its log was cleaned up, "
+            "start a new checkpoint with a later source.options.startingVersion"
+        ) from None
 
-    for version in range(first, end + 1):
-        if table.version() != version:
-            table.load_as_version(version)  # moves forward through the log incrementally
-        after = snapshot_files(table, location.uri)
-        yield (
-            version,
-            appended_files(
-                location.uri,
-                version,
-                before,
-                after,
-                operation_of,
-                skip_change_commits=config.skip_change_commits,
-            ),
-        )
-        before = after
+
+def walk(
+    config: DeltaConfig, start: int, end: int, known: dict[int, list[DataFile]] | None = None
+) -> Iterator[tuple[int, list[DataFile]]]:
+    """Each version in (start, end] with the files it appended, in version order.
+
+    Reads one commit file per version; `known` (appended files by version) is consulted
+    first and filled in, so planning a batch and then reading it reads each commit once.
+    """
+    known = {} if known is None else known
+    for version in range(max(start, -1) + 1, end + 1):
+        if version not in known:
+            commit = read_commit(config.location, version)
+            known[version] = appended_files(
+                config.location.uri, commit, skip_change_commits=config.skip_change_commits
+            )
+        yield version, known[version]
 
 
 # -- the Spark data source -------------------------------------------------------------
@@ -358,12 +416,26 @@ class DeltaPartition(InputPartition):
 
 
 class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Plans batches on the driver (delta-rs) and reads Parquet on executors (pyarrow)."""
+    """Plans batches on the driver (commit files) and reads Parquet on executors (pyarrow)."""
 
     def __init__(self, config: DeltaConfig, schema: StructType) -> None:
         self.config = config
         self.schema = schema
         self.target: int | None = None  # Trigger.AvailableNow stops here
+        self._known: dict[int, list[DataFile]] = {}  # appended files of planned versions
+        self._table: DeltaTable | None = None  # kept up to date incrementally
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors need the config and schema only; a DeltaTable does not pickle.
+        return {**self.__dict__, "_known": {}, "_table": None}
+
+    def _latest_version(self) -> int:
+        """The table's latest version; after the first call, reads only new commits."""
+        if self._table is None:
+            self._table = open_table(self.config.location)
+        else:
+            self._table.update_incremental()
+        return self._table.version()
 
     def initialOffset(self) -> dict:
         return version_offset((self.config.starting_version or 0) - 1)
@@ -374,18 +446,18 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = open_table(self.config.location).version()
+        self.target = self._latest_version()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = parse_version(start)
-        latest = open_table(self.config.location).version()
+        latest = self._latest_version()
         cap = latest if self.target is None else min(latest, self.target)
         max_files = limit.max_files if isinstance(limit, ReadMaxFiles) else None
-        counts = ((v, len(files)) for v, files in walk(self.config, begin, cap))
+        counts = ((v, len(files)) for v, files in walk(self.config, begin, cap, self._known))
         return version_offset(admit(begin, cap, max_files, counts))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        added = walk(self.config, parse_version(start), parse_version(end))
+        added = walk(self.config, parse_version(start), parse_version(end), self._known)
         files = [file for _, appended in added for file in appended]
         return [DeltaPartition(group) for group in group_files(files, PARTITION_BYTES)]
 
@@ -408,7 +480,9 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     yield conform(batch, schema, values)
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: versions stay readable until the table is vacuumed."""
+        """Forget planned versions up to `end`; the table's versions stay readable."""
+        done = parse_version(end)
+        self._known = {v: files for v, files in self._known.items() if v > done}
 
 
 class DeltaDataSource(DataSource):

@@ -198,7 +198,8 @@ class S3Store(ObjectStore):
         from botocore.config import Config
 
         s3 = location.s3 or S3Settings()
-        # A probe must answer in seconds; data-path calls ride out short outages.
+        # A probe must answer in seconds (it retries transient errors itself, see probe.py);
+        # data-path calls ride out short outages.
         attempts = 1 if fail_fast else 5
         self.location = location
         self.bucket = location.bucket
@@ -211,7 +212,7 @@ class S3Store(ObjectStore):
             aws_secret_access_key=s3.secret_key,
             config=Config(
                 connect_timeout=2 if fail_fast else 5,
-                read_timeout=10 if fail_fast else 30,
+                read_timeout=3 if fail_fast else 30,
                 retries={"total_max_attempts": attempts, "mode": "standard"},
             ),
         )
