@@ -44,6 +44,12 @@ class ChaosJob:
     event_files: list[Path]
     sink_mode: str = "exactly_once"
     env: dict[str, str] = field(default_factory=dict)
+    name: str = "keyed-totals"  # the job, and its lineage
+    tables: dict[str, str] = field(
+        default_factory=lambda: {"totals": "tables/totals", "changes": "tables/changes"}
+    )
+    settings: list[str] = field(default_factory=list)  # more `--set` overrides
+    master: str = "local[2]"
     kills: int = 0
     runs: int = 0
     log: list[str] = field(default_factory=list)
@@ -67,12 +73,20 @@ class ChaosJob:
             "--set",
             f"source.path={self.event_files[0].parent}",
             "--set",
-            "spark.master=local[2]",
+            f"spark.master={self.master}",
             "--set",
             "spark.shuffle_partitions=2",
+            "--set",
+            f"name={self.name}",
+            "--set",
+            f"sinks.0.table={self.tables['totals']}",
+            "--set",
+            f"sinks.1.table={self.tables['changes']}",
         ]
         if self.sink_mode != "exactly_once":
             command += ["--set", f"checkpoint.mode={self.sink_mode}"]
+        for setting in self.settings:
+            command += ["--set", setting]
         return command
 
     def _environment(self, crash_at: str | None) -> dict[str, str]:
@@ -122,7 +136,7 @@ class ChaosJob:
 
     def _location(self, sink: str) -> Location:
         root = Location(self.root, S3Settings.from_env() if self.root.startswith("s3://") else None)
-        return root.child(f"tables/{sink}")
+        return root.child(self.tables[sink])
 
     def table_rows(self, sink: str) -> list[dict]:
         from deltalake.exceptions import TableNotFoundError
@@ -182,15 +196,20 @@ class ChaosJob:
             changes.extend((k, counts[k], sums[k]) for k in touched)
         return {k: (counts[k], sums[k]) for k in counts}, sorted(changes)
 
-    def check_invariants(self) -> tuple[int, int]:
+    def check_invariants(self, changes: list[tuple] | None = None) -> tuple[int, int]:
         """Each table equals the reference after some prefix of the completed batches.
+
+        Args:
+            changes: this job's rows of the changes table, if not all of them are its own.
 
         Returns:
             How many batches the totals and changes tables reflect.
         """
         batches = self.batch_files()
         totals = {r["key"]: (r["events"], r["total"]) for r in self.table_rows("totals")}
-        changes = sorted((r["key"], r["events"], r["total"]) for r in self.table_rows("changes"))
+        if changes is None:
+            changes = [(r["key"], r["events"], r["total"]) for r in self.table_rows("changes")]
+        changes = sorted(changes)
         totals_at = changes_at = None
         for prefix in range(len(batches) + 1):
             expected_totals, expected_changes = self.reference_after(batches[:prefix])
@@ -206,8 +225,9 @@ class ChaosJob:
             )
         return totals_at, changes_at
 
-    def unreferenced_files(self, lineage: str = "keyed-totals") -> list[str]:
+    def unreferenced_files(self) -> list[str]:
         """Pre-committed files of the lineage no table references, and WAL leftovers."""
+        lineage = self.name
         leftovers = []
         for sink in ("totals", "changes"):
             location = self._location(sink)
@@ -225,6 +245,22 @@ class ChaosJob:
         root = Location(self.root, S3Settings.from_env() if self.root.startswith("s3://") else None)
         leftovers += root.store().list(f"lineages/{lineage}/wal")
         return leftovers
+
+    def missing_files(self) -> list[str]:
+        """Files the tables reference that do not exist (must always be none)."""
+        missing = []
+        for sink in self.tables:
+            location = self._location(sink)
+            try:
+                uris = TableTarget(sink, location, "", "").open().file_uris()
+            except TableNotFoundError:
+                continue
+            filesystem = location.arrow_filesystem()
+            for uri in uris:
+                path = uri.removeprefix("s3://") if location.is_s3 else uri
+                if filesystem.get_file_info(path).type.name == "NotFound":
+                    missing.append(uri)
+        return missing
 
 
 def _kill_group(process: subprocess.Popen) -> None:

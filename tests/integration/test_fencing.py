@@ -118,7 +118,7 @@ def test_takeover_fences_the_older_runner(tmp_path: Path) -> None:
             "A to exit",
         )
         log_a = Path(runner_a["log"]).read_text()
-        assert "FencedError" in log_a and "fenced by epoch 2" in log_a
+        assert "is fenced by epoch 2" in log_a and "final state FAILED not recorded" in log_a
         _wait_for(lambda: (2, 2) in _marker_batches(tmp_path), 120, "B to commit batch 2")
         assert all(epoch == 1 for epoch, batch in _marker_batches(tmp_path) if batch < 2)
         assert [e for e, batch in _marker_batches(tmp_path) if batch == 2] == [2]

@@ -49,7 +49,8 @@ def test_two_rows_per_key_are_refused_then_ordered(tmp_path: Path) -> None:
     assert "DuplicateKeyError: merge sink 'latest'" in message, message
     assert "key='k00" in message and "Add order_by: <column> to sink 'latest'" in message
     # Refused before the manifest: the table and the write-ahead log are unchanged.
-    assert DeltaTable(target.location.uri).version() == 0
+    table = DeltaTable(target.location.uri)  # created, then fenced with the runner's epoch
+    assert table.version() == 1 and table.transaction_version(target.data_app_id) is None
     assert read_table_rows(target.location.uri) == []
     assert not list((tmp_path / "data").rglob("wal/manifests/*.json"))
 

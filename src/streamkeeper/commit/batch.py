@@ -24,7 +24,7 @@ from streamkeeper.commit.sequence import CommitSequence
 from streamkeeper.commit.tables import read_staged_files
 from streamkeeper.commit.wal import DataFile, Manifest, SinkBatch
 from streamkeeper.commit.writer import RESULT_SCHEMA, SinkWritePlan, make_partition_writer
-from streamkeeper.errors import SpecError
+from streamkeeper.errors import FencedError, SpecError
 from streamkeeper.lineage.control import Fence
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.runtime.pacing import MinPause
@@ -110,6 +110,32 @@ class BatchWriter:
         # A fenced runner must not even pre-commit: its batch fails and the query stops.
         ctx.fence.check()
         manifest, done = self._claim(batch_id)
+        try:
+            self._pre_commit(batch_df, manifest, done)
+        except FencedError:
+            raise  # not ours any more: touch nothing
+        except BaseException:
+            if manifest.version is not None and not manifest.complete:
+                self._abandon(manifest)
+            raise
+        crashpoints.reached("batch_after_manifest")
+        in_batch = [
+            name
+            for name, part in manifest.sinks.items()
+            if part.mode != "exactly_once" and name not in done
+        ]
+        if in_batch:
+            ctx.coordinator.commit_sinks(manifest, in_batch)
+        crashpoints.reached("batch_after_commit")
+        ctx.coordinator.submit(manifest)  # waits while too many commits are pending
+        self.batches_seen += 1
+        self.min_pause.after_batch()
+
+    def _pre_commit(
+        self, batch_df: DataFrame, manifest: Manifest, done: dict[str, SinkBatch]
+    ) -> None:
+        """Write the batch's files and seal its manifest with them."""
+        ctx = self.ctx
         plans = [
             self._plan(index, sink, manifest.seq)
             for index, sink in enumerate(ctx.spec.sinks)
@@ -123,22 +149,33 @@ class BatchWriter:
         ctx.coordinator.wal.seal(manifest)
         log.info(
             "batch %d pre-committed as seq %d: %s",
-            batch_id,
+            manifest.batch_id,
             manifest.seq,
             {name: part.rows for name, part in manifest.sinks.items()},
         )
-        crashpoints.reached("batch_after_manifest")
-        in_batch = [
-            name
-            for name, part in manifest.sinks.items()
-            if part.mode != "exactly_once" and name not in done
-        ]
-        if in_batch:
-            ctx.coordinator.commit_sinks(manifest, in_batch)
-        crashpoints.reached("batch_after_commit")
-        ctx.coordinator.submit(manifest)  # waits while too many commits are pending
-        self.batches_seen += 1
-        self.min_pause.after_batch()
+
+    def _abandon(self, manifest: Manifest) -> None:
+        """A batch that failed before its seal: remove its files and its claim now.
+
+        Best effort; recovery at the next start does the same if this cannot.
+        """
+        from streamkeeper.commit.recovery import sweep_precommit_folder
+
+        ctx = self.ctx
+        try:
+            ctx.fence.check()
+            for name, part in manifest.sinks.items():
+                if part.output == "append":
+                    target = ctx.coordinator.targets[name]
+                    sweep_precommit_folder(target, ctx.layout, manifest.seq, keep=set())
+            ctx.coordinator.wal.retire(manifest.seq)
+        except Exception:  # noqa: BLE001 - the batch's own error is the one to report
+            log.warning(
+                "could not clean up failed batch %d (seq %d); recovery will",
+                manifest.batch_id,
+                manifest.seq,
+                exc_info=True,
+            )
 
     def _claim(self, batch_id: int) -> tuple[Manifest, dict[str, SinkBatch]]:
         """This batch's manifest, claimed: a fresh seq, or the one a crash left reserved.

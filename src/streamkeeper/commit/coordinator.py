@@ -41,6 +41,7 @@ class CommitStats:
     last_batch: int = -1
     last_commit_at: float | None = None
     committed: int = 0
+    peak_pending: int = 0  # the most manifests that ever waited at once (<= max_pending)
     visibility_delays_ms: list[float] = field(default_factory=list)
 
     @classmethod
@@ -203,6 +204,7 @@ class CommitCoordinator:
                 self._changed.wait(0.5)
             self._raise_if_failed()
             self._queue.append(manifest)
+            self.stats.peak_pending = max(self.stats.peak_pending, len(self._queue))
             self._changed.notify_all()
 
     def start(self, checkpoint: SparkCheckpoint) -> None:
@@ -301,4 +303,5 @@ class CommitCoordinator:
             "last_committed_batch": self.stats.last_batch,
             "last_commit_at": self.stats.last_commit_at,
             "pending_commits": len(self._queue),
+            "peak_pending_commits": self.stats.peak_pending,
         }
