@@ -1,6 +1,6 @@
 """SIGKILL the driver at every protocol point and at random instants; the output stays exact.
 
-At least 50 kills per run across the two storage backends (local and SeaweedFS S3).
+Kills on local storage, and on SeaweedFS S3 behind a fault-injecting proxy.
 The same harness runs the at-least-once sink to show that it can see a failure.
 """
 
@@ -14,6 +14,7 @@ import pytest
 from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.commit.crashpoints import POINTS
 from tests.chaos.harness import ChaosJob, InvariantViolation, crash_schedule
+from tests.support.s3_proxy import Fault, FaultPlan, S3FaultProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(2400)]
 
@@ -80,11 +81,36 @@ def test_exactly_once_survives_kills_on_local_storage(tmp_path: Path) -> None:
     assert job.kills >= LOCAL_KILLS, job.log
 
 
+# Between the drivers and SeaweedFS: errors that were not applied, delays, and writes that
+# landed but whose answer was lost (often on the Delta log, where a blind retry duplicates).
+S3_FAULTS = FaultPlan(
+    [
+        Fault("latency", 0.1, latency_ms=(5, 60)),
+        Fault("error_503", 0.03),
+        Fault("error_500", 0.02),
+        Fault("reset_after_apply", 0.02, {"PUT", "POST", "DELETE"}),
+        Fault("reset_after_apply", 0.08, {"PUT"}, r"_delta_log/"),
+    ],
+    seed=9,
+)
+
+
 @pytest.mark.s3
-def test_exactly_once_survives_kills_on_seaweedfs(tmp_path: Path, s3_root: str) -> None:
+def test_exactly_once_survives_kills_and_s3_faults(
+    tmp_path: Path, s3_root: str, seaweed: object
+) -> None:
     job = _new_job(tmp_path, s3_root)
-    _chaos(job, S3_KILLS, seed=2)
+    # Tasks may fail on a fault (local[2,4]: up to 4 attempts, as on a cluster), and a
+    # batch or commit may fail and be retried within the tolerance.
+    job.master = "local[2,4]"
+    job.settings = ["checkpoint.tolerable_failures=10"]
+    with S3FaultProxy(f"127.0.0.1:{seaweed.port}", plan=S3_FAULTS) as proxy:  # type: ignore[attr-defined]
+        job.env = {"AWS_ENDPOINT_URL": proxy.endpoint_url}
+        _chaos(job, S3_KILLS, seed=2)
+        stats = proxy.stats()
     assert job.kills >= S3_KILLS, job.log
+    for kind in ("error_503", "error_500", "latency", "reset_after_apply"):
+        assert stats[kind] > 0, stats
 
 
 def test_harness_sees_at_least_once_duplicates(tmp_path: Path) -> None:

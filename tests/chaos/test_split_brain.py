@@ -108,9 +108,16 @@ def test_repeated_takeovers_keep_the_output_exact(tmp_path: Path) -> None:
     try:
         runners.append(_start(tmp_path, 0))
         feeder.start()
-        _wait(lambda: _markers(tmp_path), 180, "the first committed checkpoint")
         for index in range(1, TAKEOVERS + 1):
-            time.sleep(rng.uniform(2.0, 9.0))
+            # Runner i holds epoch i: let it commit, then take over at a random instant
+            # (a batch is in flight most of the time: the trigger fires every 500 ms).
+            epoch = index
+            _wait(
+                lambda epoch=epoch: any(m["epoch"] == epoch for m in _markers(tmp_path)),
+                180,
+                f"runner {index - 1} (epoch {epoch}) to commit",
+            )
+            time.sleep(rng.uniform(0.0, 3.0))
             runners.append(_start(tmp_path, index))
         time.sleep(rng.uniform(8.0, 12.0))
         feeder.halt.set()
@@ -146,7 +153,7 @@ def test_repeated_takeovers_keep_the_output_exact(tmp_path: Path) -> None:
     assert len(changes) == sum(m["rows"]["changes"] for m in _markers(tmp_path))
     assert job.missing_files() == []
     epochs = {m["epoch"] for m in _markers(tmp_path)}
-    assert len(epochs) >= 3, f"too few runners ever committed: epochs {sorted(epochs)}"
+    assert epochs == set(range(1, TAKEOVERS + 2)), f"epochs that committed: {sorted(epochs)}"
     beat = json.loads((tmp_path / "data" / "jobs" / "keyed-totals" / "heartbeat.json").read_text())
     assert beat["state"] == "STOPPED" and beat["epoch"] == TAKEOVERS + 1
 

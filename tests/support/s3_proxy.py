@@ -12,6 +12,10 @@ request gets a fresh upstream connection. A client's ``Expect: 100-continue`` is
 answered by the proxy itself before it reads the body (the header is still forwarded,
 since a client may have signed it, and the upstream's own ``100`` is dropped).
 
+Run the S3 clients under test in another process than the proxy: delta-rs holds the
+GIL while it waits for some S3 answers (`DeltaTable.history`), so a client in the
+proxy's own process can deadlock it.
+
 Faults, decided per request by a seeded ``random.Random`` (reproducible for the same
 sequence of requests):
 

@@ -1,0 +1,109 @@
+"""The S3 path misbehaving, through a real fault-injection proxy in front of SeaweedFS:
+transient errors at start-up, and a Delta commit whose response is lost after it landed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from streamkeeper.commit.tables import TableTarget
+from streamkeeper.storage import Location, S3Settings, probe
+from tests.conftest import S3_BUCKET
+from tests.support.driver import driver_env
+from tests.support.s3_proxy import Fault, FaultPlan, S3FaultProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.s3]
+
+
+@pytest.fixture
+def proxy(seaweed: object, s3_env: dict[str, str]) -> Iterator[S3FaultProxy]:
+    with S3FaultProxy(f"127.0.0.1:{seaweed.port}") as running:  # type: ignore[attr-defined]
+        yield running
+
+
+def _through(proxy: S3FaultProxy, uri: str) -> Location:
+    settings = S3Settings.from_env()
+    return Location(
+        uri,
+        S3Settings(
+            proxy.endpoint_url,
+            settings.region,
+            settings.access_key,
+            settings.secret_key,
+            allow_http=True,
+        ),
+    )
+
+
+def test_the_start_up_probe_rides_out_transient_faults(proxy: S3FaultProxy) -> None:
+    proxy.set_faults(FaultPlan([Fault("error_503", 0.5), Fault("error_500", 0.2)], seed=4))
+    root = _through(proxy, f"s3://{S3_BUCKET}/probe-{uuid.uuid4().hex[:8]}")
+    probe(root)  # head bucket, put, delete: each may take several attempts
+    stats = proxy.stats()
+    assert stats["error_503"] + stats["error_500"] > 0, stats  # the faults did fire
+
+
+COMMIT_THROUGH_PROXY = """
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from streamkeeper.commit.tables import TableCommitter, TableTarget, ensure_table
+from streamkeeper.commit.wal import DataFile, SinkBatch
+from streamkeeper.storage import Location, S3Settings
+
+uri, local = sys.argv[1], sys.argv[2]
+table = Location(uri, S3Settings.from_env()).child("tables/t")
+target = TableTarget("t", table, "streamkeeper:lin:t", "fence:lin")
+ensure_table(target, pq.read_schema(local))
+folder = table.child("sk-lin/00000000000000000007")
+with open(local, "rb") as source, folder.arrow_filesystem().open_output_stream(
+    folder.fs_path + "/e1-a.parquet"
+) as sink:
+    sink.write(source.read())
+size = len(open(local, "rb").read())
+files = [DataFile("sk-lin/00000000000000000007/e1-a.parquet", size, 2, '{"numRecords": 2}', "t")]
+print("ready", flush=True)
+sys.stdin.readline()  # the test installs its faults now
+part = SinkBatch(table.uri, "append", "exactly_once", files=files)
+print(json.dumps({"version": TableCommitter(target, epoch=1).commit(part, seq=7)}), flush=True)
+"""
+
+
+def test_a_commit_whose_response_is_lost_is_not_repeated(
+    proxy: S3FaultProxy, tmp_path: Path
+) -> None:
+    # The committer runs in its own process, as a driver does: delta-rs holds the GIL
+    # while it waits for S3, so a proxy thread in the same process could never answer.
+    uri = f"s3://{S3_BUCKET}/lost-{uuid.uuid4().hex[:8]}"
+    local = tmp_path / "rows.parquet"
+    schema = pa.schema([("key", pa.string()), ("n", pa.int64())])
+    pq.write_table(pa.table({"key": ["a", "b"], "n": [1, 2]}, schema=schema), local)
+    env = {**driver_env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
+    committer = subprocess.Popen(
+        [sys.executable, "-c", COMMIT_THROUGH_PROXY, uri, str(local)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert committer.stdout.readline().strip() == "ready"
+    # Every write to the Delta log lands, and its answer is lost.
+    proxy.set_faults(FaultPlan([Fault("reset_after_apply", 1.0, {"PUT"}, r"_delta_log/")]))
+    out, _ = committer.communicate("go\n", timeout=120)
+    assert committer.returncode == 0, out
+    version = json.loads(out.strip().splitlines()[-1])["version"]
+    assert proxy.stats()["reset_after_apply"] >= 1
+    direct = Location(uri, S3Settings.from_env()).child("tables/t")
+    target = TableTarget("t", direct, "streamkeeper:lin:t", "fence:lin")
+    table = target.open()
+    assert table.version() == version == 1  # one commit, not two
+    assert target.committed_seq() == 7
+    rows = table.to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
+    assert sorted(r["key"] for r in rows) == ["a", "b"]
