@@ -70,7 +70,7 @@ class QuerySupervisor:
             raise
         finally:
             self.coordinator.stop()
-            self._flush_history(final=True)
+            self._flush_history()
 
     def _await_termination(self) -> bool:
         """True once the query ended; its error, if any, is read from `exception()`."""
@@ -91,7 +91,7 @@ class QuerySupervisor:
             self.coordinator.mark_timed_out(batch)
             self.health.failed(f"checkpoint {batch} exceeded checkpoint.timeout {self.timeout:g}s")
         if time.monotonic() - self._last_flush >= HISTORY_FLUSH_SECONDS:
-            self._flush_history(final=False)
+            self._flush_history()
 
     def _current_batch(self) -> int:
         last = self.query.lastProgress
@@ -104,22 +104,26 @@ class QuerySupervisor:
         except Exception:  # noqa: BLE001 - already failing; the first error is the one to report
             log.exception("could not stop the query")
 
-    def _flush_history(self, *, final: bool) -> None:
-        """Append a history row for each batch whose progress and commit are both known."""
+    def _flush_history(self) -> None:
+        """Append a history row for each batch the coordinator committed, once.
+
+        A trigger that planned no batch (an available-now start that found nothing new)
+        or a batch that was never committed is no checkpoint and gets no row.
+        """
         self._last_flush = time.monotonic()
         records: list[CheckpointRecord] = []
         try:
             progresses = [json.loads(p.json) for p in self.query.recentProgress]
         except Exception:  # noqa: BLE001 - the JVM may be gone after a failure
             return
-        for progress in progresses:
-            batch = int(progress["batchId"])
+        # Idle triggers report the next batch id before that batch runs (no addBatch): only
+        # the report of the batch's run counts.
+        ran = {int(p["batchId"]): p for p in progresses if "addBatch" in p.get("durationMs", {})}
+        for batch, progress in ran.items():
             facts = self.coordinator.checkpoint_facts(batch)
-            if batch in self._recorded or progress.get("numInputRows") is None:
-                continue
-            if facts is None and not final:
-                continue  # not committed yet; the next flush picks it up
-            records.append(record_from_progress(progress, **(facts or {})))
+            if batch in self._recorded or facts is None:
+                continue  # recorded already, or not committed yet (a later flush sees it)
+            records.append(record_from_progress(progress, **facts))
             self._recorded.add(batch)
         try:
             self.history.append(records)
