@@ -21,6 +21,7 @@ from streamkeeper.observability.history import (
     CheckpointRecord,
     record_from_progress,
 )
+from streamkeeper.observability.progress import ProgressListener
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -43,6 +44,7 @@ class QuerySupervisor:
         history: CheckpointHistory,
         timeout: float,
         stop_requested: threading.Event,
+        progress: ProgressListener | None = None,
     ) -> None:
         self.query = query
         self.coordinator = coordinator
@@ -53,6 +55,8 @@ class QuerySupervisor:
         self.stop_requested = stop_requested
         self.data_available = False
         self._recorded: set[int] = set()
+        self.progress = progress
+        self._last_report: tuple[int, str] | None = None
         self._last_flush = time.monotonic()
 
     def watch_until_done(self) -> None:
@@ -92,6 +96,22 @@ class QuerySupervisor:
             self.health.failed(f"checkpoint {batch} exceeded checkpoint.timeout {self.timeout:g}s")
         if time.monotonic() - self._last_flush >= HISTORY_FLUSH_SECONDS:
             self._flush_history()
+        if self.progress is not None:
+            self._report_progress(self.progress)
+
+    def _report_progress(self, listener: ProgressListener) -> None:
+        """Feed the terminal display: reports of batches that ran (read when a new one came)."""
+        fresh: list[dict] = []
+        try:
+            last = self.query.lastProgress
+            key = None if last is None else (last["batchId"], last["timestamp"])
+            if key != self._last_report:
+                self._last_report = key
+                fresh = [json.loads(p.json) for p in self.query.recentProgress]
+                fresh = [p for p in fresh if "addBatch" in p.get("durationMs", {})]
+            listener.query(fresh, self.coordinator.stats.committed)
+        except Exception:  # noqa: BLE001 - a display must never fail the job
+            log.debug("progress display failed", exc_info=True)
 
     def _current_batch(self) -> int:
         last = self.query.lastProgress
