@@ -69,6 +69,8 @@ class QuerySupervisor:
             if failure is not None and not self.stop_requested.is_set():
                 raise QueryFailedError(f"streaming query failed: {_root_cause(str(failure))}")
             self.coordinator.drain()
+            if self.progress is not None:  # the last batch reported after the last poll
+                self._report_progress(self.progress)
         except BaseException:
             self._stop_query()
             raise
