@@ -151,3 +151,24 @@ def test_a_run_stopped_by_sigterm_says_so(tmp_path: Path) -> None:
     assert report.runner is not None and report.runner.state == "STOPPED"
     assert report.state == "STOPPED" and "ago: SIGTERM received" in report.reason
     assert report.head is not None and report.head.seq == _markers(spec)[-1]["seq"]
+
+
+@pytest.mark.s3
+def test_the_client_and_cli_read_a_control_plane_on_s3(s3_root: str) -> None:
+    from typer.testing import CliRunner
+
+    from streamkeeper.cli import app
+    from tests.unit.test_client import write_control_plane
+
+    write_control_plane(s3_root, seqs=range(12), history_files=3)
+    write_control_plane(s3_root, job="other-job", seqs=range(2), history_files=1)
+    client = StreamkeeperClient(s3_root)
+    assert client.jobs() == [JOB, "other-job"]
+    report = client.status(JOB)
+    assert (report.head.seq, report.head.batch_id) == (11, 11)
+    assert [c.checkpoint_id for c in client.history(JOB, last=3)] == [9, 10, 11]
+    runner = CliRunner()
+    data = json.loads(runner.invoke(app, ["status", JOB, "--root", s3_root, "--json"]).stdout)
+    assert data["last_committed_seq"] == 11 and data["root"] == s3_root
+    unknown = runner.invoke(app, ["status", "nope", "--root", s3_root])
+    assert unknown.exit_code == 2 and "keyed-totals, other-job" in unknown.stderr

@@ -21,7 +21,7 @@ from streamkeeper.observability.history import (
     CheckpointRecord,
     record_from_progress,
 )
-from streamkeeper.storage import LocalStore, Location
+from streamkeeper.storage import LocalStore, Location, S3Settings
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "keyed-totals"
@@ -63,26 +63,27 @@ def _record(seq: int, batch: int) -> CheckpointRecord:
 
 
 def write_control_plane(
-    root: Path,
+    root: Path | str,
     *,
     seqs: range = range(40),
     heartbeat: dict | None = None,
     job: str = JOB,
     history_files: int = 4,
-) -> Path:
-    """What a job that committed `seqs` (batch = seq) leaves below the root."""
-    store = LocalStore(root)
+) -> Path | str:
+    """What a job that committed `seqs` (batch = seq) leaves below the root (a path or URI)."""
+    location = Location(str(root), S3Settings.from_env())
+    store = location.store()
     store.write_json(
         f"jobs/{job}/job.json",
         {
             "job": job,
             "lineage": job,
-            "root": str(root),
+            "root": location.uri,
             "checkpoint_dir": "/tmp/ck",
             "interval": 1.0,
             "timeout": 600.0,
             "max_concurrent": 2,
-            "tables": {"totals": {"table": str(root / "tables/totals"), "output": "merge"}},
+            "tables": {"totals": {"table": f"{location.uri}/tables/totals", "output": "merge"}},
             "started_at": NOW - 3600,
             "epoch": 3,
         },
@@ -119,7 +120,7 @@ def write_control_plane(
                 "committed_at": NOW - 1400 + seq,
             },
         )
-    history = CheckpointHistory(Location(str(root)).child(f"lineages/{job}/history"))
+    history = CheckpointHistory(location.child(f"lineages/{job}/history"))
     size = max(1, -(-len(seqs) // history_files))  # a file per flush, as a runner appends
     for start in range(0, len(seqs), size):
         history.append([_record(seq, seq) for seq in seqs[start : start + size]])
