@@ -28,6 +28,7 @@ from streamkeeper.observability.history import Checkpoint, CheckpointHistory
 from streamkeeper.observability.status import (
     RUNNER_LIVE,
     LineageHead,
+    RunnerInfo,
     StatusReport,
     build_status,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "Checkpoint",
     "JobRecord",
     "LineageHead",
+    "RunnerInfo",
     "SinkTable",
     "StatusReport",
     "StreamkeeperClient",

@@ -37,6 +37,9 @@ class RunnerInfo:
             heartbeat_at=beat.get("time"),
         )
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 @dataclass(frozen=True)
 class LineageHead:
@@ -55,6 +58,9 @@ class LineageHead:
             committed_at=marker.get("committed_at"),
             versions={k: int(v) for k, v in (marker.get("versions") or {}).items()},
         )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ class StatusReport:
             "last_committed_seq": None if head is None else head.seq,
             "last_committed_batch": None if head is None else head.batch_id,
             "last_commit_at": None if head is None else head.committed_at,
-            "runner": None if self.runner is None else asdict(self.runner),
+            "runner": None if self.runner is None else self.runner.to_json(),
             "pending_commits": self.pending_commits,
             "consecutive_failures": self.consecutive_failures,
             "tolerable_failures": self.tolerable_failures,
