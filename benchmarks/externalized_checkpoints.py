@@ -150,7 +150,7 @@ def checkpoint_rows(paths: Any, suffix: str | None) -> tuple[list[dict[str, Any]
     markers = {m["batch_id"]: m for m in map(store.read_json, store.list(layout.markers)) if m}
     spark, seen, rows = SparkSession.builder.getOrCreate(), set(), []
     for row in sorted(CheckpointHistory(paths.history).read(), key=lambda r: r["checkpoint_id"]):
-        batch, manifest = row["checkpoint_id"], manifests.get(row["commit_seq"])
+        batch, manifest = row["batch_id"], manifests.get(row["checkpoint_id"])
         parts, externalize_ms = dict.fromkeys(KINDS, 0), None
         if manifest is not None:
             for f in {f.key: f for f in manifest.files if f.key not in seen}.values():

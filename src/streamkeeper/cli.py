@@ -1,4 +1,8 @@
-"""`streamkeeper` command line: run jobs, recover them, read their control plane."""
+"""`streamkeeper` command line: run jobs, recover them, read their control plane.
+
+Exit codes: 0 ok; 1 a run failed, or `status --check` found the job unhealthy (DEGRADED,
+FAILING, FAILED); 2 bad input (a spec, an option, an unknown job or root).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,20 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from streamkeeper.client import StreamkeeperClient
 from streamkeeper.errors import StreamkeeperError
 from streamkeeper.spec import JobSpec, load_spec
+
+EXIT_FAILED = 1  # a run failed, or `status --check` found the job unhealthy
+EXIT_BAD_INPUT = 2  # a bad spec, option, job name or root
+
+T = TypeVar("T")
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, help=__doc__
@@ -52,7 +63,7 @@ def _load(spec_path: Path, overrides: dict[str, Any]) -> JobSpec:
         return load_spec(spec_path, overrides)
     except StreamkeeperError as error:
         typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_BAD_INPUT) from None
 
 
 @app.command()
@@ -94,21 +105,25 @@ def run(
     if detach:
         _detach(spec)
         return
+    from streamkeeper.observability.progress import RunProgress
     from streamkeeper.runtime.runner import RunOptions, main_guard, run_job
 
     main_guard()
-    options = RunOptions(
-        master=master,
-        available_now=available_now,
-        takeover=takeover,
-        spec_dir=spec_path.parent,
-        from_checkpoint=from_checkpoint,
-    )
-    try:
-        result = run_job(spec, options)
-    except StreamkeeperError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(1) from None
+    with RunProgress() as progress:  # drawn on a terminal only
+        options = RunOptions(
+            master=master,
+            available_now=available_now,
+            takeover=takeover,
+            spec_dir=spec_path.parent,
+            from_checkpoint=from_checkpoint,
+            progress=progress if progress.enabled else None,
+        )
+        try:
+            result = run_job(spec, options)
+        except StreamkeeperError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(EXIT_FAILED) from None
+        progress.finish(result.batches)
     typer.echo(
         json.dumps(
             {
@@ -144,58 +159,101 @@ def _detach(spec: JobSpec) -> None:
     typer.echo(json.dumps({"job": spec.name, "pid": child.pid, "log": str(log_path.resolve())}))
 
 
-JobArg = Annotated[str, typer.Argument(help="The job's name.")]
+JobArg = Annotated[str, typer.Argument(help="The job's name (its spec's `name`).")]
 DataRootOpt = Annotated[
     str,
     typer.Option(
         "--root", envvar="STREAMKEEPER_ROOT", help="Storage root URI the job writes below."
     ),
 ]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON (field names documented in the README).")
+]
 
 
-def _job_view(job: str, root: str) -> tuple[Any, Any, dict[str, Any] | None]:
-    from streamkeeper.lineage.control import ControlPlane
-    from streamkeeper.lineage.layout import LineageLayout
-    from streamkeeper.observability.history import CheckpointHistory
-    from streamkeeper.storage import Location, S3Settings, resolve_root
+def _client(root: str) -> StreamkeeperClient:
+    try:
+        return StreamkeeperClient(root)
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
 
-    location = Location(resolve_root(root), S3Settings.from_env())
-    probe_layout = LineageLayout(location, job, job)
-    heartbeat = ControlPlane(location.store(), probe_layout).heartbeat()
-    lineage = (heartbeat or {}).get("lineage", job)
-    layout = LineageLayout(location, lineage, job)
-    history = CheckpointHistory(location.child(f"{layout.base}/history"))
-    return layout, history, heartbeat
+
+def _read(read: Callable[[], T]) -> T:
+    """Run a control-plane read; a bad job name or root is bad input (exit 2)."""
+    try:
+        return read()
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2))
 
 
 @app.command()
-def status(job: JobArg, root: DataRootOpt = ".streamkeeper/data") -> None:
-    """Print the job's status (RUNNING, DEGRADED, FAILING, STOPPED, FAILED) and why."""
-    from streamkeeper.observability.health import assess
+def jobs(root: DataRootOpt = ".streamkeeper/data", as_json: JsonOpt = False) -> None:
+    """List every job below the root with its status."""
+    from streamkeeper.observability.report import jobs_table, print_table
+
+    client = _client(root)
+    reports = _read(lambda: [client.status(job) for job in client.jobs()])
+    if as_json:
+        _print_json({"root": client.root, "jobs": [r.to_json() for r in reports]})
+        return
+    if not reports:
+        typer.echo(f"no jobs under {client.root} (check --root: the spec's storage.root)")
+        return
+    print_table(jobs_table(client.root, reports))
+
+
+@app.command()
+def status(
+    job: JobArg,
+    root: DataRootOpt = ".streamkeeper/data",
+    as_json: JsonOpt = False,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Exit 1 if the job is DEGRADED, FAILING or FAILED."),
+    ] = False,
+) -> None:
+    """Where the job's lineage stands, what its runner says, and its health and why."""
     from streamkeeper.observability.report import print_table, status_table
 
-    _, history, heartbeat = _job_view(job, root)
-    beat = heartbeat or {}
-    assessed = assess(
-        heartbeat,
-        history.read(last=20),
-        interval=float(beat.get("interval", 1.0)),
-        timeout=float(beat.get("timeout", 600.0)),
-    )
-    print_table(status_table(job, assessed, heartbeat))
+    client = _client(root)
+    report = _read(lambda: client.status(job))
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        print_table(status_table(report))
+    if check and not report.healthy:
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command()
 def checkpoints(
     job: JobArg,
     root: DataRootOpt = ".streamkeeper/data",
-    last: Annotated[int, typer.Option(help="How many of the latest checkpoints.")] = 20,
+    last: Annotated[int, typer.Option(min=1, help="How many of the latest checkpoints.")] = 20,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Print the job's checkpoint history: duration, rows, rates, state, upload, visibility."""
+    """The job's committed checkpoints: duration, rows, rates, state, upload, visibility."""
     from streamkeeper.observability.report import checkpoints_table, print_table
 
-    _, history, _ = _job_view(job, root)
-    print_table(checkpoints_table(job, history.read(last=last)))
+    client = _client(root)
+    rows = _read(lambda: client.history(job, last=last))
+    if as_json:
+        record = client.job_record(job)
+        _print_json(
+            {
+                "job": job,
+                "lineage": record.lineage,
+                "checkpoints": [r.to_json() for r in rows],
+            }
+        )
+        return
+    print_table(checkpoints_table(job, rows))
 
 
 def main() -> None:

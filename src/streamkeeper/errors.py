@@ -49,3 +49,7 @@ class QueryFailedError(StreamkeeperError):
 
 class DuplicateKeyError(StreamkeeperError):
     """A merge sink's batch holds more than one row for a key, and no order_by decides."""
+
+
+class UnknownJobError(StreamkeeperError):
+    """No job of that name ever ran under the storage root."""

@@ -7,6 +7,7 @@ from streamkeeper.observability.health import (
     CheckpointFailureLimitError,
     CheckpointHealth,
     assess,
+    duration,
 )
 
 
@@ -61,9 +62,26 @@ def _history(n: int, *, arriving: float, processing: float, state: list[int] | N
     ("heartbeat", "history", "state", "reason"),
     [
         (None, [], "STOPPED", "never started"),
-        (_beat(state="FAILED", reason="FencedError: x"), [], "FAILED", "FencedError"),
-        (_beat(state="FINISHED"), [], "STOPPED", "finished"),
-        (_beat(time=900.0), [], "FAILED", "heartbeat lost 100s"),
+        (
+            _beat(state="FAILED", reason="FencedError: x", time=1000.0 - 7200),
+            [],
+            "FAILED",
+            "failed 2 h ago: FencedError: x",
+        ),
+        (_beat(state="FINISHED"), [], "STOPPED", "finished 0 s ago, all input processed"),
+        (
+            _beat(state="FINISHED", time=1000.0 - 23 * 60, reason="all input processed"),
+            [],
+            "STOPPED",
+            "finished 23 min ago, all input processed",
+        ),
+        (
+            _beat(state="STOPPED", time=990.0, reason="SIGTERM received"),
+            [],
+            "STOPPED",
+            "stopped 10 s ago: SIGTERM received",
+        ),
+        (_beat(time=900.0), [], "FAILED", "heartbeat lost: last beat 1 min ago"),
         (
             _beat(consecutive_failures=1, tolerable_failures=3, last_failure="slow"),
             [],
@@ -82,12 +100,33 @@ def _history(n: int, *, arriving: float, processing: float, state: list[int] | N
             _beat(),
             _history(6, arriving=10, processing=10, state=[5, 2, 3, 4, 5, 9]),
             "RUNNING",
-            "completing",
+            "running, no checkpoint committed yet",
         ),
-        (_beat(last_checkpoint_at=800.0, data_available=False), [], "RUNNING", "completing"),
+        (_beat(last_checkpoint_at=997.0), [], "RUNNING", "running, last checkpoint 3 s ago"),
+        (
+            _beat(last_checkpoint_at=800.0, data_available=False),
+            [],
+            "RUNNING",
+            "running, idle (no new input), last checkpoint 3 min ago",
+        ),
+        (_beat(state="STARTING", host="h"), [], "RUNNING", "starting: pid 1 on h"),
     ],
 )
 def test_status_model(heartbeat: dict | None, history: list, state: str, reason: str) -> None:
     status = assess(heartbeat, history, interval=1.0, timeout=60.0, now=1000.0)
     assert status.state == state
     assert reason in status.reason
+
+
+def test_running_reason_uses_the_lineages_last_commit_not_only_this_runs() -> None:
+    """A runner that committed nothing yet still says when the lineage last committed."""
+    status = assess(_beat(), [], interval=1.0, timeout=60.0, now=1000.0, last_commit_at=995.0)
+    assert status.reason == "running, last checkpoint 5 s ago"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0 s"), (59.9, "59 s"), (60, "1 min"), (3599, "59 min"), (7300, "2 h"), (200000, "2 d")],
+)
+def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
+    assert duration(seconds) == text

@@ -89,13 +89,19 @@ class BatchTimeoutWatch:
 
 @dataclass(frozen=True)
 class JobStatus:
-    """The assessed state of a job and why."""
+    """The assessed state of a job and why, in words a person reads at a glance."""
 
     state: State
     reason: str
 
+    @property
+    def healthy(self) -> bool:
+        """False for DEGRADED, FAILING and FAILED (what `status --check` exits 1 on)."""
+        return self.state in ("RUNNING", "STOPPED")
+
 
 HEARTBEAT_LOST_AFTER = 30.0
+IDLE_AFTER_INTERVALS = 10
 
 
 def assess(
@@ -105,20 +111,34 @@ def assess(
     interval: float,
     timeout: float,
     now: float | None = None,
+    last_commit_at: float | None = None,
 ) -> JobStatus:
-    """RUNNING, DEGRADED, FAILING, STOPPED or FAILED, from the control plane and history."""
+    """RUNNING, DEGRADED, FAILING, STOPPED or FAILED, from the control plane and history.
+
+    Args:
+        heartbeat: the latest runner's heartbeat record (None: never started).
+        history: the latest checkpoint history rows, oldest first.
+        last_commit_at: when the lineage's last checkpoint was committed (its head
+            marker), by any run; the heartbeat only knows about its own run.
+    """
     now = time.time() if now is None else now
     if heartbeat is None:
         return JobStatus("STOPPED", "never started: no heartbeat in the control plane")
     state = heartbeat.get("state")
+    when = ago(float(heartbeat.get("time", 0)), now)
+    reason = heartbeat.get("reason")
     if state == "FAILED":
-        return JobStatus("FAILED", str(heartbeat.get("reason", "unknown reason")))
-    if state in ("STOPPED", "FINISHED"):
-        return JobStatus("STOPPED", f"runner {state.lower()} at {_ago(heartbeat['time'], now)}")
+        return JobStatus("FAILED", f"failed {when}: {reason or 'unknown reason'}")
+    if state == "FINISHED":
+        return JobStatus("STOPPED", f"finished {when}, {reason or 'all input processed'}")
+    if state == "STOPPED":
+        return JobStatus("STOPPED", f"stopped {when}" + (f": {reason}" if reason else ""))
     age = now - float(heartbeat.get("time", 0))
     if age > HEARTBEAT_LOST_AFTER:
         return JobStatus(
-            "FAILED", f"heartbeat lost {age:.0f}s ago (pid {heartbeat.get('pid')} presumed dead)"
+            "FAILED",
+            f"heartbeat lost: last beat {when} (pid {heartbeat.get('pid')} on "
+            f"{heartbeat.get('host')} presumed dead)",
         )
     if heartbeat.get("consecutive_failures", 0) > 0:
         return JobStatus(
@@ -126,7 +146,27 @@ def assess(
             f"{heartbeat['consecutive_failures']} consecutive failed checkpoints "
             f"(tolerable {heartbeat.get('tolerable_failures')}): {heartbeat.get('last_failure')}",
         )
-    return _degraded(heartbeat, history, interval=interval, timeout=timeout, now=now)
+    degraded = _degraded(heartbeat, history, interval=interval, timeout=timeout, now=now)
+    if degraded is not None:
+        return degraded
+    return JobStatus("RUNNING", _running(heartbeat, interval, now, last_commit_at))
+
+
+def _running(
+    heartbeat: dict[str, Any], interval: float, now: float, last_commit_at: float | None
+) -> str:
+    if heartbeat.get("state") == "STARTING":
+        return (
+            f"starting: pid {heartbeat.get('pid')} on {heartbeat.get('host')}, "
+            f"heartbeat {ago(float(heartbeat.get('time', 0)), now)}"
+        )
+    known = [t for t in (last_commit_at, heartbeat.get("last_checkpoint_at")) if t is not None]
+    if not known:
+        return "running, no checkpoint committed yet"
+    last = max(float(t) for t in known)
+    if not heartbeat.get("data_available") and now - last > IDLE_AFTER_INTERVALS * interval:
+        return f"running, idle (no new input), last checkpoint {ago(last, now)}"
+    return f"running, last checkpoint {ago(last, now)}"
 
 
 def _degraded(
@@ -136,11 +176,14 @@ def _degraded(
     interval: float,
     timeout: float,
     now: float,
-) -> JobStatus:
+) -> JobStatus | None:
     last = heartbeat.get("last_checkpoint_at")
     stale_after = max(timeout, 10 * interval, 30.0)
     if last is not None and now - float(last) > stale_after and heartbeat.get("data_available"):
-        return JobStatus("DEGRADED", f"no checkpoint completed for {now - float(last):.0f}s")
+        return JobStatus(
+            "DEGRADED",
+            f"no checkpoint completed for {duration(now - float(last))} although input waits",
+        )
     recent = [r for r in history[-5:] if r.get("input_rows", 0) > 0]
     if len(recent) >= 3:
         arriving = sum(r["input_rows_per_second"] for r in recent) / len(recent)
@@ -155,7 +198,7 @@ def _degraded(
         return JobStatus(
             "DEGRADED", f"state grew {growth:.1f}x over the last {len(history[-20:])} checkpoints"
         )
-    return JobStatus("RUNNING", "checkpoints completing")
+    return None
 
 
 def _state_growth(history: list[dict[str, Any]]) -> float | None:
@@ -167,5 +210,14 @@ def _state_growth(history: list[dict[str, Any]]) -> float | None:
     return sizes[-1] / sizes[0]
 
 
-def _ago(timestamp: float, now: float) -> str:
-    return f"{now - float(timestamp):.0f}s ago"
+def duration(seconds: float) -> str:
+    """A duration as a person says it, rounded down: 3 s, 23 min, 2 h, 4 d."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
+
+
+def ago(timestamp: float, now: float) -> str:
+    return f"{duration(now - float(timestamp))} ago"

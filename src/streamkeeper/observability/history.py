@@ -3,6 +3,14 @@
 Rows join Spark's progress report for batch N (durations, rates, offsets, state) with
 what the commit coordinator knows (commit seq, visibility delay) and the externalized
 upload (bytes uploaded). The table lives at `{root}/lineages/{lineage}/history`.
+
+A checkpoint's id is its commit seq, everywhere (`--from-checkpoint ID`, externalized
+checkpoint ids, this table): Spark's batch id restarts at 0 after a checkpoint reset,
+so it is kept beside it as `batch_id`. Only committed checkpoints get a row.
+
+Tables written before `batch_id` existed held the batch id in `checkpoint_id` and also
+rows for triggers that committed nothing (`commit_seq` null); `read` translates the
+first and drops the second, and `append` adds the column (schema evolution).
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -19,9 +28,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CheckpointRecord:
-    """What Flink's checkpoint history shows, for one micro-batch."""
+    """What Flink's checkpoint history shows, for one committed micro-batch."""
 
-    checkpoint_id: int
+    checkpoint_id: int  # the commit seq
+    batch_id: int  # Spark's batch id
     query_id: str
     run_id: str
     trigger_time: str
@@ -38,7 +48,7 @@ class CheckpointRecord:
     state_rows: int
     state_bytes: int
     state_operators: str
-    commit_seq: int | None = None
+    commit_seq: int  # equal to checkpoint_id; kept for readers of the older schema
     visibility_delay_ms: float | None = None
     bytes_uploaded: int | None = None
 
@@ -46,11 +56,11 @@ class CheckpointRecord:
 def record_from_progress(
     progress: dict[str, Any],
     *,
-    commit_seq: int | None = None,
+    commit_seq: int,
     visibility_delay_ms: float | None = None,
     bytes_uploaded: int | None = None,
 ) -> CheckpointRecord:
-    """Build a record from a StreamingQueryProgress as JSON (`json.loads(progress.json)`)."""
+    """Build the record of a committed batch from its StreamingQueryProgress as JSON."""
     durations = progress.get("durationMs", {})
     operators = [
         {
@@ -66,7 +76,8 @@ def record_from_progress(
         for s in progress.get("sources", [])
     ]
     return CheckpointRecord(
-        checkpoint_id=int(progress["batchId"]),
+        checkpoint_id=commit_seq,
+        batch_id=int(progress["batchId"]),
         query_id=str(progress.get("id", "")),
         run_id=str(progress.get("runId", "")),
         trigger_time=str(progress.get("timestamp", "")),
@@ -89,6 +100,43 @@ def record_from_progress(
     )
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """One row of `streamkeeper checkpoints JOB`; `to_json()` is the documented form."""
+
+    checkpoint_id: int  # the commit seq
+    batch_id: int | None
+    trigger_time: str
+    duration_ms: int
+    latest_offset_ms: int
+    planning_ms: int
+    write_ms: int
+    wal_commit_ms: int
+    commit_offsets_ms: int
+    input_rows: int
+    input_rows_per_second: float
+    processed_rows_per_second: float
+    source_offsets: list[dict[str, Any]]
+    state_rows: int
+    state_bytes: int
+    state_operators: list[dict[str, Any]]
+    visibility_delay_ms: float | None
+    bytes_uploaded: int | None
+    query_id: str
+    run_id: str
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Checkpoint:
+        """From a `CheckpointHistory.read()` row (JSON columns parsed)."""
+        values = {f.name: row.get(f.name) for f in fields(cls)}
+        for name in ("source_offsets", "state_operators"):
+            values[name] = json.loads(row.get(name) or "[]")
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 def _arrow_schema() -> pa.Schema:
     import pyarrow as pa
 
@@ -100,6 +148,16 @@ def _arrow_schema() -> pa.Schema:
         "float | None": pa.float64(),
     }
     return pa.schema([(f.name, kinds[str(f.type)]) for f in fields(CheckpointRecord)])
+
+
+def normalize(row: dict[str, Any]) -> dict[str, Any] | None:
+    """A row in today's meaning (checkpoint_id = commit seq), or None if it is no checkpoint."""
+    seq = row.get("commit_seq")
+    if seq is None:
+        return None  # an older table's row for a trigger that committed nothing
+    if row.get("batch_id") is None:  # older schema: checkpoint_id held the batch id
+        row = {**row, "batch_id": row.get("checkpoint_id")}
+    return {**row, "checkpoint_id": int(seq)}
 
 
 class CheckpointHistory:
@@ -119,11 +177,17 @@ class CheckpointHistory:
             self.location.uri,
             table,
             mode="append",
+            schema_mode="merge",  # tables from before batch_id gain the column
             storage_options=self.location.storage_options(),
         )
 
     def read(self, last: int | None = None) -> list[dict[str, Any]]:
-        """Records ordered by checkpoint id (the last `last` of them if given)."""
+        """Checkpoints ordered by id (the last `last` of them if given), one row per id.
+
+        With `last`, only the newest data files are read (newest first, by the time the
+        log records for them) until enough rows are gathered: a long-lived lineage's
+        history is never scanned whole for a status.
+        """
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
@@ -131,6 +195,35 @@ class CheckpointHistory:
             table = DeltaTable(self.location.uri, storage_options=self.location.storage_options())
         except TableNotFoundError:
             return []
-        rows = table.to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
-        rows.sort(key=lambda r: (r["trigger_time"], r["checkpoint_id"]))
-        return rows[-last:] if last else rows
+        rows: dict[int, dict[str, Any]] = {}
+        enough_at = None  # files written in the same millisecond are read together
+        for written, path in self._files_newest_first(table):
+            if enough_at is not None and written < enough_at:
+                break
+            for raw in self._read_file(path):
+                row = normalize(raw)
+                if row is not None:
+                    rows.setdefault(row["checkpoint_id"], row)  # a newer file's row wins
+            if last is not None and enough_at is None and len(rows) >= last:
+                enough_at = written
+        ordered = [rows[i] for i in sorted(rows)]
+        return ordered[-last:] if last else ordered
+
+    @staticmethod
+    def _files_newest_first(table: Any) -> list[tuple[int, str]]:
+        """(modification time in ms, path) of the table's data files, newest first."""
+        import pyarrow as pa
+
+        actions = pa.table(table.get_add_actions(flatten=True)).select(
+            ["path", "modification_time"]
+        )
+        times = actions["modification_time"].cast(pa.int64()).to_pylist()
+        paths = [unquote(p) for p in actions["path"].to_pylist()]
+        return sorted(zip(times, paths, strict=True), reverse=True)
+
+    def _read_file(self, path: str) -> list[dict[str, Any]]:
+        import pyarrow.parquet as pq
+
+        full = f"{self.location.fs_path}/{path}"
+        table = pq.read_table(full, filesystem=self.location.arrow_filesystem())
+        return table.to_pylist()

@@ -1,68 +1,111 @@
-"""Readable tables for `streamkeeper status` and `streamkeeper checkpoints`."""
+"""Readable tables for `streamkeeper jobs`, `status` and `checkpoints`."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import time
 
 from rich.console import Console
 from rich.table import Table
 
-from streamkeeper.observability.health import JobStatus
+from streamkeeper.observability.health import ago
+from streamkeeper.observability.history import Checkpoint
+from streamkeeper.observability.status import StatusReport
+
+STATE_STYLES = {
+    "RUNNING": "green",
+    "STOPPED": "cyan",
+    "DEGRADED": "yellow",
+    "FAILING": "yellow",
+    "FAILED": "bold red",
+}
 
 
-def _when(timestamp: float | None) -> str:
+def _when(timestamp: float | None, now: float | None = None) -> str:
     if not timestamp:
         return "-"
-    return dt.datetime.fromtimestamp(float(timestamp), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    at = dt.datetime.fromtimestamp(float(timestamp), dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{at} ({ago(float(timestamp), time.time() if now is None else now)})"
 
 
-def status_table(job: str, status: JobStatus, heartbeat: dict[str, Any] | None) -> Table:
-    table = Table(title=f"job {job}", show_header=False)
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _state(state: str) -> str:
+    return f"[{STATE_STYLES.get(state, 'default')}]{state}[/]"
+
+
+def status_table(report: StatusReport) -> Table:
+    table = Table(title=f"job {report.job}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    table.add_row("status", status.state)
-    table.add_row("reason", status.reason)
-    beat = heartbeat or {}
-    for label, key in (
-        ("lineage", "lineage"),
-        ("epoch", "epoch"),
-        ("pid", "pid"),
-        ("host", "host"),
-        ("last committed checkpoint", "last_committed_batch"),
-        ("last commit seq", "last_committed_seq"),
-        ("pending commits", "pending_commits"),
-        ("consecutive failures", "consecutive_failures"),
-        ("tolerable failures", "tolerable_failures"),
-        ("last failure", "last_failure"),
-    ):
-        table.add_row(label, "-" if beat.get(key) is None else str(beat[key]))
-    table.add_row("heartbeat", _when(beat.get("time")))
-    table.add_row("last checkpoint", _when(beat.get("last_checkpoint_at")))
+    runner = report.runner
+    head = report.head
+    now = report.checked_at
+    rows = [
+        ("status", _state(report.state)),
+        ("reason", report.reason),
+        ("lineage", report.lineage),
+        ("last committed checkpoint (seq)", _text(None if head is None else head.seq)),
+        ("last committed batch", _text(None if head is None else head.batch_id)),
+        ("last commit", _when(None if head is None else head.committed_at, now)),
+        ("runner", "-" if runner is None else runner.state),
+        ("runner reason", _text(None if runner is None else runner.reason)),
+        ("epoch", _text(None if runner is None else runner.epoch)),
+        ("pid", _text(None if runner is None else runner.pid)),
+        ("host", _text(None if runner is None else runner.host)),
+        ("heartbeat", _when(None if runner is None else runner.heartbeat_at, now)),
+        ("pending commits", _text(report.pending_commits)),
+        ("consecutive failures", _text(report.consecutive_failures)),
+        ("tolerable failures", _text(report.tolerable_failures)),
+        ("failed checkpoints", _text(report.failed_checkpoints)),
+        ("last failure", _text(report.last_failure)),
+    ]
+    rows += [(f"table {name}", uri) for name, uri in sorted(report.tables.items())]
+    for label, value in rows:
+        table.add_row(label, value)
     return table
 
 
-def checkpoints_table(job: str, rows: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"checkpoints of {job} (latest last)")
+def jobs_table(root: str, reports: list[StatusReport]) -> Table:
+    table = Table(title=f"jobs under {root}")
+    for column in ("job", "status", "reason", "last seq", "last batch", "last commit"):
+        table.add_column(column, justify="right" if column.startswith("last ") else "left")
+    for r in reports:
+        head = r.head
+        table.add_row(
+            r.job,
+            _state(r.state),
+            r.reason,
+            _text(None if head is None else head.seq),
+            _text(None if head is None else head.batch_id),
+            "-" if head is None or not head.committed_at else ago(head.committed_at, r.checked_at),
+        )
+    return table
+
+
+def checkpoints_table(job: str, rows: list[Checkpoint]) -> Table:
+    table = Table(title=f"checkpoints of {job} (id = commit seq, latest last)")
     for column in (
-        "id", "trigger time", "duration ms", "write ms", "input rows", "rows/s",
-        "state rows", "state bytes", "uploaded", "visible after ms", "seq",
+        "id", "batch", "trigger time", "duration ms", "write ms", "input rows", "rows/s",
+        "state rows", "state bytes", "uploaded", "visible after ms",
     ):  # fmt: skip
         table.add_column(column, justify="right")
     for r in rows:
-        delay = r.get("visibility_delay_ms")
+        delay = r.visibility_delay_ms
         table.add_row(
-            str(r["checkpoint_id"]),
-            str(r["trigger_time"]).replace("T", " ")[:19],
-            str(r["duration_ms"]),
-            str(r["write_ms"]),
-            str(r["input_rows"]),
-            f"{r['processed_rows_per_second']:.0f}",
-            str(r["state_rows"]),
-            str(r["state_bytes"]),
-            "-" if r.get("bytes_uploaded") is None else str(r["bytes_uploaded"]),
+            str(r.checkpoint_id),
+            _text(r.batch_id),
+            str(r.trigger_time).replace("T", " ")[:19],
+            str(r.duration_ms),
+            str(r.write_ms),
+            str(r.input_rows),
+            f"{r.processed_rows_per_second:.0f}",
+            str(r.state_rows),
+            str(r.state_bytes),
+            _text(r.bytes_uploaded),
             "-" if delay is None else f"{delay:.0f}",
-            "-" if r.get("commit_seq") is None else str(r["commit_seq"]),
         )
     return table
 

@@ -40,6 +40,7 @@ from streamkeeper.lineage.control import ControlPlane, Fence
 from streamkeeper.lineage.heartbeat import Heartbeat
 from streamkeeper.observability.health import CheckpointHealth
 from streamkeeper.observability.history import CheckpointHistory
+from streamkeeper.observability.progress import ProgressListener
 from streamkeeper.runtime.job import JobPaths, build_output, check_tables, resolve_paths
 from streamkeeper.runtime.session import build_session
 from streamkeeper.runtime.supervisor import QuerySupervisor
@@ -67,6 +68,7 @@ class RunOptions:
     takeover: bool = False
     spec_dir: Path = Path(".")
     from_checkpoint: str | None = None  # restore this externalized checkpoint first: latest|id
+    progress: ProgressListener | None = None  # shown on a terminal by the CLI
 
 
 @dataclass
@@ -91,6 +93,7 @@ class JobRunner:
         self.control = ControlPlane(self.store, self.paths.layout)
         self.fence: Fence | None = None
         self._stop_requested = threading.Event()
+        self._stopped_by: str | None = None  # the signal that asked us to stop
         self._query: StreamingQuery | None = None
         self._coordinator: CommitCoordinator | None = None
         self._supervisor: QuerySupervisor | None = None
@@ -132,8 +135,19 @@ class JobRunner:
             if failure is not error:
                 raise failure from None
             raise
-        heartbeat.stop("STOPPED" if self._stop_requested.is_set() else "FINISHED")
+        final_state, reason = self._final_state(result)
+        heartbeat.stop(final_state, reason=reason)
         return result
+
+    def _final_state(self, result: RunResult) -> tuple[str, str]:
+        """What a run that ended without failing records, and why (read by `status`)."""
+        if self._stop_requested.is_set():
+            return "STOPPED", f"{self._stopped_by or 'a stop'} received"
+        if not self.options.available_now:
+            return "FINISHED", "the query ended"
+        if result.batches == 0:
+            return "FINISHED", "all input processed (nothing new)"
+        return "FINISHED", "all input processed"
 
     # -- start-up, after the epoch is ours -------------------------------------------
 
@@ -186,7 +200,13 @@ class JobRunner:
         layout, directory = self.paths.layout, self.paths.checkpoint_dir
         if self.options.from_checkpoint is not None:
             self.fence.check()
-            restore_checkpoint(self.store, layout, directory, self.options.from_checkpoint)
+            restore_checkpoint(
+                self.store,
+                layout,
+                directory,
+                self.options.from_checkpoint,
+                progress=None if self.options.progress is None else self.options.progress.restore,
+            )
         self._checkpoints = ExternalizedCheckpoints.for_spec(
             self.spec.checkpoint.externalized, self.store, layout, directory, self.fence
         )
@@ -301,6 +321,7 @@ class JobRunner:
             history=CheckpointHistory(self.paths.history),
             timeout=self.spec.checkpoint.timeout,
             stop_requested=self._stop_requested,
+            progress=self.options.progress,
         )
         self._supervisor.watch_until_done()
 
@@ -325,6 +346,7 @@ class JobRunner:
 
         def request_stop(signum: int, _frame: object) -> None:
             log.warning("signal %s: stopping at the next batch boundary", signum)
+            self._stopped_by = signal.Signals(signum).name
             self._stop_requested.set()
             query = self._query
             if query is not None:

@@ -21,6 +21,7 @@ from streamkeeper.observability.history import (
     CheckpointRecord,
     record_from_progress,
 )
+from streamkeeper.observability.progress import ProgressListener
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -43,6 +44,7 @@ class QuerySupervisor:
         history: CheckpointHistory,
         timeout: float,
         stop_requested: threading.Event,
+        progress: ProgressListener | None = None,
     ) -> None:
         self.query = query
         self.coordinator = coordinator
@@ -53,6 +55,8 @@ class QuerySupervisor:
         self.stop_requested = stop_requested
         self.data_available = False
         self._recorded: set[int] = set()
+        self.progress = progress
+        self._last_report: tuple[int, str] | None = None
         self._last_flush = time.monotonic()
 
     def watch_until_done(self) -> None:
@@ -65,12 +69,14 @@ class QuerySupervisor:
             if failure is not None and not self.stop_requested.is_set():
                 raise QueryFailedError(f"streaming query failed: {_root_cause(str(failure))}")
             self.coordinator.drain()
+            if self.progress is not None:  # the last batch reported after the last poll
+                self._report_progress(self.progress)
         except BaseException:
             self._stop_query()
             raise
         finally:
             self.coordinator.stop()
-            self._flush_history(final=True)
+            self._flush_history()
 
     def _await_termination(self) -> bool:
         """True once the query ended; its error, if any, is read from `exception()`."""
@@ -91,7 +97,23 @@ class QuerySupervisor:
             self.coordinator.mark_timed_out(batch)
             self.health.failed(f"checkpoint {batch} exceeded checkpoint.timeout {self.timeout:g}s")
         if time.monotonic() - self._last_flush >= HISTORY_FLUSH_SECONDS:
-            self._flush_history(final=False)
+            self._flush_history()
+        if self.progress is not None:
+            self._report_progress(self.progress)
+
+    def _report_progress(self, listener: ProgressListener) -> None:
+        """Feed the terminal display: reports of batches that ran (read when a new one came)."""
+        fresh: list[dict] = []
+        try:
+            last = self.query.lastProgress
+            key = None if last is None else (last["batchId"], last["timestamp"])
+            if key != self._last_report:
+                self._last_report = key
+                fresh = [json.loads(p.json) for p in self.query.recentProgress]
+                fresh = [p for p in fresh if "addBatch" in p.get("durationMs", {})]
+            listener.query(fresh, self.coordinator.stats.committed)
+        except Exception:  # noqa: BLE001 - a display must never fail the job
+            log.debug("progress display failed", exc_info=True)
 
     def _current_batch(self) -> int:
         last = self.query.lastProgress
@@ -104,22 +126,26 @@ class QuerySupervisor:
         except Exception:  # noqa: BLE001 - already failing; the first error is the one to report
             log.exception("could not stop the query")
 
-    def _flush_history(self, *, final: bool) -> None:
-        """Append a history row for each batch whose progress and commit are both known."""
+    def _flush_history(self) -> None:
+        """Append a history row for each batch the coordinator committed, once.
+
+        A trigger that planned no batch (an available-now start that found nothing new)
+        or a batch that was never committed is no checkpoint and gets no row.
+        """
         self._last_flush = time.monotonic()
         records: list[CheckpointRecord] = []
         try:
             progresses = [json.loads(p.json) for p in self.query.recentProgress]
         except Exception:  # noqa: BLE001 - the JVM may be gone after a failure
             return
-        for progress in progresses:
-            batch = int(progress["batchId"])
+        # Idle triggers report the next batch id before that batch runs (no addBatch): only
+        # the report of the batch's run counts.
+        ran = {int(p["batchId"]): p for p in progresses if "addBatch" in p.get("durationMs", {})}
+        for batch, progress in ran.items():
             facts = self.coordinator.checkpoint_facts(batch)
-            if batch in self._recorded or progress.get("numInputRows") is None:
-                continue
-            if facts is None and not final:
-                continue  # not committed yet; the next flush picks it up
-            records.append(record_from_progress(progress, **(facts or {})))
+            if batch in self._recorded or facts is None:
+                continue  # recorded already, or not committed yet (a later flush sees it)
+            records.append(record_from_progress(progress, **facts))
             self._recorded.add(batch)
         try:
             self.history.append(records)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -36,6 +38,7 @@ def restore_checkpoint(
     layout: LineageLayout,
     local_dir: Path,
     checkpoint: str | int = "latest",
+    progress: Callable[[int, int], None] | None = None,
 ) -> CheckpointManifest:
     """Rebuild a Spark checkpoint directory from an externalized checkpoint.
 
@@ -47,6 +50,8 @@ def restore_checkpoint(
         layout: the lineage's keys.
         local_dir: the job's checkpoint directory; it must be empty or absent.
         checkpoint: "latest" or a checkpoint id.
+        progress: called with (files done, files in all) as files arrive, from worker
+            threads (e.g. `observability.progress.RunProgress.restore`).
 
     Raises:
         CheckpointRestoreError: the directory is not empty, the id does not exist, or a
@@ -57,9 +62,10 @@ def restore_checkpoint(
     staging = local_dir.parent / f".{local_dir.name}.restore-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     transfer = FileTransfer(store)
+    fetch = _counting(_fetch, len(manifest.files), progress)
     try:
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            list(pool.map(lambda f: _fetch(transfer, f, staging, manifest), manifest.files))
+            list(pool.map(lambda f: fetch(transfer, f, staging, manifest), manifest.files))
         os.replace(staging, local_dir)  # onto an empty directory too (rename(2))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -119,6 +125,24 @@ def _parse_id(checkpoint: str | int) -> int:
     raise CheckpointRestoreError(
         f"checkpoint {checkpoint!r} is neither 'latest' nor a checkpoint id (a number)"
     )
+
+
+def _counting(
+    fetch: Callable[..., None], total: int, progress: Callable[[int, int], None] | None
+) -> Callable[..., None]:
+    """`fetch`, reporting (done, total) after each file if asked."""
+    if progress is None:
+        return fetch
+    lock, done = threading.Lock(), [0]
+    progress(0, total)
+
+    def counted(*args: object) -> None:
+        fetch(*args)
+        with lock:
+            done[0] += 1
+            progress(done[0], total)
+
+    return counted
 
 
 def _fetch(
