@@ -100,8 +100,9 @@ def claim_table(target: TableTarget, job: str, shared: bool) -> None:
         store.write_json(key, claim)
 
 
-def fence_table(target: TableTarget, epoch: int) -> int:
-    """Commit this runner's epoch to the table before it touches anything else.
+def fence_table(target: TableTarget, epoch: int, attempts: int = 5) -> int:
+    """Commit this runner's epoch to the table before it touches anything else (retried:
+    each attempt re-reads the table, so a commit whose response was lost is not repeated).
 
     After this commit, a commit by any older runner of the lineage is refused by the
     table itself (its fence check, or a conflict if it raced from an older snapshot).
@@ -112,6 +113,19 @@ def fence_table(target: TableTarget, epoch: int) -> int:
     Raises:
         FencedError: a newer epoch already committed to the table.
     """
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=0.2, max=5),
+        retry=retry_if_exception(_is_retryable),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            return _fence_once(target, epoch)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _fence_once(target: TableTarget, epoch: int) -> int:
     from deltalake import CommitProperties, DeltaTable, Transaction
 
     table = DeltaTable(target.location.uri, storage_options=target.location.storage_options())
