@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from streamkeeper.spec import JobSpec, load_spec
 
 EXIT_FAILED = 1  # a run failed, or `status --check` found the job unhealthy
 EXIT_BAD_INPUT = 2  # a bad spec, option, job name or root
+RUN_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 T = TypeVar("T")
 
@@ -92,8 +94,21 @@ def run(
             "checkpoint directory, then run from it.",
         ),
     ] = None,
+    run_token: Annotated[
+        str | None,
+        typer.Option(
+            "--run-token",
+            help="An id of this start, recorded in the heartbeat and job record (a starter "
+            "such as Airflow finds the driver it launched by it).",
+        ),
+    ] = None,
 ) -> None:
     """Run a job's streaming query, resuming from its checkpoint when one exists."""
+    if run_token is not None and not RUN_TOKEN.fullmatch(run_token):
+        raise typer.BadParameter(
+            f"{run_token!r}: expected 1-128 letters, digits, '_', '.', ':' or '-'",
+            param_hint="--run-token",
+        )
     if from_checkpoint is not None and not (
         from_checkpoint == "latest" or from_checkpoint.isdigit()
     ):
@@ -117,6 +132,7 @@ def run(
             spec_dir=spec_path.parent,
             from_checkpoint=from_checkpoint,
             progress=progress if progress.enabled else None,
+            run_token=run_token,
         )
         try:
             result = run_job(spec, options)

@@ -9,6 +9,7 @@ Airflow worker or a web server.
     client.status("keyed-totals")       # StatusReport: head seq/batch, runner, health
     client.history("keyed-totals", last=20)   # [Checkpoint], oldest first
     client.job_record("keyed-totals")   # JobRecord: lineage, tables, knobs
+    client.checkpoints_after("keyed-totals", 41)   # [42, 43]: ids committed after 41
 
 Every dataclass returned has `to_json()` with the field names the README documents.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from streamkeeper.errors import UnknownJobError
 from streamkeeper.lineage.layout import LineageLayout
-from streamkeeper.lineage.markers import latest_marker
+from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
 from streamkeeper.observability.status import (
     RUNNER_LIVE,
@@ -75,6 +76,7 @@ class JobRecord:
     tables: dict[str, SinkTable]
     started_at: float | None
     epoch: int | None
+    run_token: str | None = None  # who started it (`run --run-token`)
 
     @classmethod
     def from_json(cls, job: str, root: str, record: dict[str, Any]) -> JobRecord:
@@ -94,6 +96,7 @@ class JobRecord:
             },
             started_at=record.get("started_at"),
             epoch=record.get("epoch"),
+            run_token=record.get("run_token"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -174,6 +177,18 @@ class StreamkeeperClient:
         """
         layout = self._layout(self._job(job).record)
         return [Checkpoint.from_row(row) for row in self._history(layout).read(last=last)]
+
+    def checkpoints_after(self, job: str, checkpoint_id: int) -> list[int]:
+        """Ids of the checkpoints the job's lineage committed after `checkpoint_id`, ascending.
+
+        Lists only the commit markers after it, so it stays cheap while few are new (what
+        a sensor waiting for N new checkpoints asks). -1 means from the beginning.
+
+        Raises:
+            UnknownJobError: no such job below the root (names the jobs there are).
+        """
+        layout = self._layout(self._job(job).record)
+        return marker_seqs_after(self.store, layout, checkpoint_id)
 
     # -- reading ---------------------------------------------------------------------
 

@@ -215,6 +215,41 @@ class SparkSpec(_Strict):
     conf: dict[str, str] = Field(default_factory=dict)
 
 
+_CRON = re.compile(
+    r"^(@(annually|yearly|monthly|weekly|daily|hourly|once)|(\S+\s+){4}\S+(\s+\S+)?)$"
+)
+
+
+class RestartSpec(_Strict):
+    """How the Airflow monitor restarts a FAILED job: exponential back-off, then give up."""
+
+    enabled: bool = False
+    max_attempts: Annotated[int, Field(ge=1)] = 3
+    backoff: Duration = 60.0  # wait before the second attempt; doubles for each one after
+    max_backoff: Duration = 1800.0
+
+
+class AirflowSpec(_Strict):
+    """How Airflow runs the job (DAGs generated from the spec); the runtime ignores it."""
+
+    conn_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] = "streamkeeper_default"
+    launcher: Literal["embedded", "spark_submit"] = "embedded"
+    monitor_schedule: str | None = "*/5 * * * *"
+    savepoint_schedule: str | None = None
+    savepoint_format: Literal["native", "canonical"] = "native"
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+
+    @field_validator("monitor_schedule", "savepoint_schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None and not _CRON.match(value.strip()):
+            raise ValueError(
+                f"invalid schedule {value!r}; expected a cron expression such as "
+                "'*/5 * * * *' or a preset such as '@hourly' (null: manual runs only)"
+            )
+        return value
+
+
 class JobSpec(_Strict):
     """A streaming job: source, transformation, sinks, checkpointing and state."""
 
@@ -228,6 +263,7 @@ class JobSpec(_Strict):
     state_backend: StateBackendSpec = Field(default_factory=StateBackendSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     spark: SparkSpec = Field(default_factory=SparkSpec)
+    airflow: AirflowSpec = Field(default_factory=AirflowSpec)
 
     @property
     def lineage_id(self) -> str:

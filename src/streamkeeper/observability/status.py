@@ -25,6 +25,7 @@ class RunnerInfo:
     host: str | None
     epoch: int | None
     heartbeat_at: float | None
+    run_token: str | None = None  # who started it (`run --run-token`), e.g. an Airflow task
 
     @classmethod
     def from_heartbeat(cls, beat: dict[str, Any]) -> RunnerInfo:
@@ -35,6 +36,7 @@ class RunnerInfo:
             host=beat.get("host"),
             epoch=beat.get("epoch"),
             heartbeat_at=beat.get("time"),
+            run_token=beat.get("run_token"),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -69,6 +69,9 @@ class RunOptions:
     spec_dir: Path = Path(".")
     from_checkpoint: str | None = None  # restore this externalized checkpoint first: latest|id
     progress: ProgressListener | None = None  # shown on a terminal by the CLI
+    # Who started this run (e.g. an Airflow task): recorded in the heartbeat and the job
+    # record, so a retried starter finds the driver it launched instead of starting another.
+    run_token: str | None = None
 
 
 @dataclass
@@ -172,6 +175,7 @@ class JobRunner:
                 for sink in self.spec.sinks
             },
             "started_at": self.fence.lease.started_at,
+            "run_token": self.options.run_token,
         }
         self.control.write_owned(self.paths.layout.job_record, self.fence.lease, record)
 
@@ -224,6 +228,7 @@ class JobRunner:
     def _facts(self, health: CheckpointHealth) -> dict[str, Any]:
         facts = health.facts()
         facts.update(interval=self.spec.checkpoint.interval, timeout=self.spec.checkpoint.timeout)
+        facts["run_token"] = self.options.run_token
         if self._coordinator is not None:
             facts.update(self._coordinator.facts())
         if self._supervisor is not None:
