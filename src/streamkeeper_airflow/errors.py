@@ -1,0 +1,29 @@
+"""Errors of the Airflow layer. Each names the bad value and the fix, and never a secret."""
+
+from __future__ import annotations
+
+from streamkeeper.errors import StreamkeeperError
+
+
+class StreamkeeperAirflowError(StreamkeeperError):
+    """Base class of the Airflow layer's errors."""
+
+
+class ConnectionConfigError(StreamkeeperAirflowError):
+    """An Airflow connection cannot describe a streamkeeper storage root as it is."""
+
+
+class LaunchError(StreamkeeperAirflowError):
+    """A driver could not be launched (the launcher's command failed)."""
+
+
+class StartRefusedError(StreamkeeperAirflowError):
+    """A start would run a second driver of a lineage, or restore over a running one."""
+
+
+class CommandsUnavailableError(StreamkeeperAirflowError):
+    """The installed streamkeeper has no command API (savepoint, stop, cancel) yet."""
+
+
+class SecretSafeError(StreamkeeperAirflowError):
+    """An error whose original message held a secret; this one holds it redacted."""

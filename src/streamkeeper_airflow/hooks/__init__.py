@@ -1,0 +1,1 @@
+"""Hooks: the job control plane (`StreamkeeperHook`)."""

@@ -1,0 +1,200 @@
+"""StreamkeeperHook: a job control plane (status, heartbeats, history, records, commands).
+
+It wraps the pyspark-free `streamkeeper.client.StreamkeeperClient` and builds it from an
+Airflow connection (see `streamkeeper_airflow.connection` for the format). Every call
+runs under `secrets_hidden`, so an error that quotes a credential is re-raised redacted.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from streamkeeper_airflow.connection import CONN_TYPE, EXAMPLE_EXTRA, ConnectionSettings
+from streamkeeper_airflow.errors import CommandsUnavailableError, ConnectionConfigError
+from streamkeeper_airflow.secrets import register_with_airflow, secrets_hidden
+
+if TYPE_CHECKING:
+    from streamkeeper.client import Checkpoint, JobRecord, StatusReport, StreamkeeperClient
+    from streamkeeper.storage import ObjectStore
+
+DEFAULT_CONN_ID = "streamkeeper_default"
+
+
+class StreamkeeperHook(BaseHook):
+    """Reads (and, for commands, writes) the control plane of the jobs below a storage root.
+
+    Args:
+        streamkeeper_conn_id: the Airflow connection (type `streamkeeper`, or `aws`).
+        root: the storage root; overrides the connection's extra `root`.
+        settings: an already parsed connection (triggers fetch it asynchronously).
+    """
+
+    conn_name_attr = "streamkeeper_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONN_TYPE
+    hook_name = "Streamkeeper"
+
+    def __init__(
+        self,
+        streamkeeper_conn_id: str = DEFAULT_CONN_ID,
+        *,
+        root: str | None = None,
+        settings: ConnectionSettings | None = None,
+    ) -> None:
+        super().__init__()
+        self.streamkeeper_conn_id = streamkeeper_conn_id
+        self._root = root or None
+        self._settings = settings
+
+    @classmethod
+    async def for_trigger(cls, conn_id: str, root: str | None = None) -> StreamkeeperHook:
+        """A hook whose connection was fetched without blocking the triggerer's event loop."""
+        connection = await cls.aget_connection(conn_id)
+        return cls(conn_id, root=root, settings=ConnectionSettings.from_connection(connection))
+
+    @cached_property
+    def settings(self) -> ConnectionSettings:
+        settings = self._settings or ConnectionSettings.from_connection(
+            self.get_connection(self.streamkeeper_conn_id)
+        )
+        register_with_airflow(settings.secrets)
+        return settings
+
+    @property
+    def root(self) -> str:
+        """The storage root URI (the operator's, else the connection's extra `root`)."""
+        root = self._root or self.settings.root
+        if not root:
+            raise ConnectionConfigError(
+                f"connection {self.streamkeeper_conn_id!r} has no storage root; set its extra "
+                f"to {EXAMPLE_EXTRA} or pass root= to the operator"
+            )
+        return root
+
+    @cached_property
+    def client(self) -> StreamkeeperClient:
+        from streamkeeper.client import StreamkeeperClient
+
+        with self._hidden():
+            return StreamkeeperClient(self.root, self.settings.s3_settings())
+
+    def get_conn(self) -> StreamkeeperClient:
+        return self.client
+
+    @property
+    def store(self) -> ObjectStore:
+        """The root's object store, for the Airflow layer's own records (launches, restarts)."""
+        return self.client.store
+
+    def _hidden(self) -> Any:
+        return secrets_hidden(self.settings.secrets)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def jobs(self) -> list[str]:
+        with self._hidden():
+            return self.client.jobs()
+
+    def status(self, job: str, *, missing_ok: bool = False) -> StatusReport | None:
+        """The job's status; None for a job that never ran if `missing_ok`.
+
+        Raises:
+            UnknownJobError: no such job and not `missing_ok` (names the jobs there are).
+        """
+        from streamkeeper.errors import UnknownJobError
+
+        with self._hidden():
+            try:
+                return self.client.status(job)
+            except UnknownJobError:
+                if missing_ok:
+                    return None
+                raise
+
+    def job_record(self, job: str, *, missing_ok: bool = False) -> JobRecord | None:
+        from streamkeeper.errors import UnknownJobError
+
+        with self._hidden():
+            try:
+                return self.client.job_record(job)
+            except UnknownJobError:
+                if missing_ok:
+                    return None
+                raise
+
+    def history(self, job: str, last: int | None = 20) -> list[Checkpoint]:
+        with self._hidden():
+            return self.client.history(job, last=last)
+
+    def checkpoints_after(self, job: str, checkpoint_id: int) -> list[int]:
+        """Ids of the checkpoints committed after `checkpoint_id` (-1: all), ascending."""
+        with self._hidden():
+            return self.client.checkpoints_after(job, checkpoint_id)
+
+    def head_seq(self, job: str) -> int:
+        """The id of the lineage's last committed checkpoint, -1 if none (or never ran)."""
+        report = self.status(job, missing_ok=True)
+        return -1 if report is None or report.head is None else report.head.seq
+
+    # -- commands (the savepoint branch brings them to the client) ---------------------
+
+    def send_command(self, job: str, kind: str, *, command_id: str, **options: Any) -> str:
+        """Send a savepoint, stop or cancel command; the same id sent again is one command.
+
+        Returns:
+            The command's id.
+
+        Raises:
+            CommandsUnavailableError: this streamkeeper has no command API yet.
+        """
+        send = getattr(self.client, "send_command", None)
+        if send is None:
+            raise CommandsUnavailableError(
+                f"cannot send {kind!r} to job {job!r}: the installed streamkeeper has no "
+                "command API (jobs/{job}/commands); it arrives with savepoints"
+            )
+        with self._hidden():
+            sent = send(job, kind, command_id=command_id, **options)
+        return str(getattr(sent, "id", sent))
+
+    def command_result(self, job: str, command_id: str) -> dict[str, Any] | None:
+        """The command's result as JSON, None while the job has not answered."""
+        read = getattr(self.client, "command_result", None)
+        if read is None:
+            raise CommandsUnavailableError(
+                f"cannot read command {command_id!r} of job {job!r}: the installed "
+                "streamkeeper has no command API; it arrives with savepoints"
+            )
+        with self._hidden():
+            result = read(job, command_id)
+        if result is None:
+            return None
+        return result.to_json() if hasattr(result, "to_json") else dict(result)
+
+    # -- Airflow UI ----------------------------------------------------------------------
+
+    def test_connection(self) -> tuple[bool, str]:
+        """What the UI's Test button runs: list the jobs below the root."""
+        try:
+            jobs = self.jobs()
+        except Exception as error:  # noqa: BLE001 - reported to the UI, already redacted
+            return False, f"{type(error).__name__}: {error}"
+        return True, f"{self.root}: {len(jobs)} job(s) {', '.join(jobs)}".rstrip()
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["schema", "port"],
+            "relabeling": {
+                "host": "S3 endpoint URL (empty: AWS)",
+                "login": "Access key id",
+                "password": "Secret access key",
+            },
+            "placeholders": {
+                "host": "http://127.0.0.1:8333",
+                "extra": EXAMPLE_EXTRA,
+            },
+        }

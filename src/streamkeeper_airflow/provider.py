@@ -1,0 +1,87 @@
+"""`get_provider_info()`: how Airflow's ProvidersManager learns about this package.
+
+Registered in pyproject.toml as the `apache_airflow_provider` entry point of the
+`streamkeeper` distribution (the provider's `package-name` must be that distribution's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamkeeper_airflow import __version__
+
+_MODULES = {
+    "hooks": ["streamkeeper_airflow.hooks.streamkeeper"],
+    "operators": [
+        "streamkeeper_airflow.operators.start",
+        "streamkeeper_airflow.operators.restart",
+        "streamkeeper_airflow.operators.health",
+        "streamkeeper_airflow.operators.commands",
+    ],
+    "sensors": [
+        "streamkeeper_airflow.sensors.checkpoints",
+        "streamkeeper_airflow.sensors.commands",
+    ],
+    "triggers": [
+        "streamkeeper_airflow.triggers.checkpoints",
+        "streamkeeper_airflow.triggers.commands",
+    ],
+}
+INTEGRATION = "Streamkeeper"
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "streamkeeper",
+        "name": "Streamkeeper",
+        "description": "Flink-grade lifecycle for PySpark Structured Streaming jobs: start, "
+        "watch checkpoints, savepoints, stop.",
+        "versions": [__version__],
+        "integrations": [
+            {"integration-name": INTEGRATION, "tags": ["service"], "external-doc-url": ""}
+        ],
+        **{
+            kind: [{"integration-name": INTEGRATION, "python-modules": modules}]
+            for kind, modules in _MODULES.items()
+        },
+        "connection-types": [
+            {
+                "connection-type": "streamkeeper",
+                "hook-class-name": "streamkeeper_airflow.hooks.streamkeeper.StreamkeeperHook",
+            }
+        ],
+        "notifications": [
+            "streamkeeper_airflow.notifications.alerts.StreamkeeperAlertNotifier",
+        ],
+        "config": {
+            "streamkeeper": {
+                "description": "Settings of the streamkeeper DAGs and operators.",
+                "options": {
+                    "jobs_folder": _option(
+                        "Folder of job specs (*/job.yaml) the DAGs are generated from.",
+                        "/opt/streamkeeper/jobs",
+                    ),
+                    "workdir": _option(
+                        "Working directory of drivers the embedded and spark-submit "
+                        "launchers start (relative spec paths resolve there).",
+                        "/var/lib/streamkeeper",
+                    ),
+                    "alert_sink": _option(
+                        "Where alerts go besides the task log: an absolute path or file:// "
+                        "URL (JSON lines) or an http(s):// URL (webhook).",
+                        "/var/log/streamkeeper/alerts.jsonl",
+                    ),
+                },
+            }
+        },
+    }
+
+
+def _option(description: str, example: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "version_added": "0.1.0",
+        "type": "string",
+        "example": example,
+        "default": None,
+    }
