@@ -1,0 +1,255 @@
+"""DAGs generated per job from the job specs (`{jobs_folder}/*/job.yaml`).
+
+For each job (dag id `{job}.{action}`, tags `streamkeeper` and the job):
+
+    {job}.start      manual; Params: start_from, checkpoint_id, savepoint_id,
+                     new_checkpoints, takeover, launcher, spark_master, overrides,
+                     start_timeout. Succeeds once the job is RUNNING with new checkpoints.
+    {job}.monitor    on `airflow.monitor_schedule`; fails with the reason and an alert if
+                     the job is DEGRADED, FAILING or FAILED; restarts a FAILED job from its
+                     latest checkpoint with back-off if `restart` (spec: airflow.restart).
+    {job}.savepoint  on `airflow.savepoint_schedule` (or manual); Params: format,
+                     self_contained.
+    {job}.stop       manual; Params: mode (stop | cancel), savepoint, format.
+
+Parsing stays light: this module imports Airflow's SDK, the operators (whose hooks,
+clients and launchers load only when a task runs) and the spec model (pydantic, yaml);
+never pyspark, boto3 or great_expectations. A spec that does not validate is skipped
+with a warning (the DAG processor shows it) so one bad spec never hides the others.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from airflow.sdk import DAG, Param
+
+from streamkeeper_airflow import settings
+from streamkeeper_airflow.launchers import LAUNCHERS
+from streamkeeper_airflow.notifications.alerts import StreamkeeperAlertNotifier
+from streamkeeper_airflow.operators.commands import FORMATS, SavepointOperator, StopJobOperator
+from streamkeeper_airflow.operators.health import JobHealthOperator
+from streamkeeper_airflow.operators.restart import RestartJobOperator
+from streamkeeper_airflow.operators.start import StartJobOperator
+from streamkeeper_airflow.starts import START_FROM
+
+if TYPE_CHECKING:
+    from streamkeeper.spec import JobSpec
+
+Action = Literal["start", "monitor", "savepoint", "stop"]
+ACTIONS: tuple[str, ...] = ("start", "monitor", "savepoint", "stop")
+SPEC_GLOB = "*/job.yaml"
+START_DATE = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class JobEntry:
+    """One job spec the DAGs are generated from."""
+
+    spec_path: Path
+    spec: JobSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def dag_id(self, action: str) -> str:
+        return f"{self.name}.{action}"
+
+
+def find_jobs(folder: Path) -> list[JobEntry]:
+    """Every valid spec in `folder/*/job.yaml`, by job name; invalid ones are warned about."""
+    from streamkeeper.errors import SpecError
+    from streamkeeper.spec import load_spec
+
+    entries: dict[str, JobEntry] = {}
+    for path in sorted(folder.glob(SPEC_GLOB)):
+        try:
+            spec = load_spec(path)
+        except SpecError as error:
+            warnings.warn(f"streamkeeper: job spec {path} skipped: {error}", stacklevel=2)
+            continue
+        if spec.name in entries:
+            warnings.warn(
+                f"streamkeeper: job spec {path} skipped: job {spec.name!r} is already defined "
+                f"by {entries[spec.name].spec_path}; job names must be unique",
+                stacklevel=2,
+            )
+            continue
+        entries[spec.name] = JobEntry(path.resolve(), spec)
+    return list(entries.values())
+
+
+def generate(action: str, default_jobs_folder: Path) -> dict[str, DAG]:
+    """The `action` DAG of every job, by dag id (what a thin DAG file puts in globals())."""
+    builders = {"start": start_dag, "monitor": monitor_dag, "savepoint": savepoint_dag}
+    builders["stop"] = stop_dag
+    if action not in builders:
+        raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
+    folder = settings.jobs_folder(default_jobs_folder)
+    return {entry.dag_id(action): builders[action](entry) for entry in find_jobs(folder)}
+
+
+def _dag(entry: JobEntry, action: str, *, schedule: str | None, **kwargs: Any) -> DAG:
+    return DAG(
+        dag_id=entry.dag_id(action),
+        schedule=schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        tags=["streamkeeper", entry.name],
+        render_template_as_native_obj=True,  # Params keep their types (ints, dicts)
+        default_args={"owner": "streamkeeper", "retries": 0},
+        **kwargs,
+    )
+
+
+def _alert(entry: JobEntry) -> StreamkeeperAlertNotifier:
+    return StreamkeeperAlertNotifier(job=entry.name, conn_id=entry.spec.airflow.conn_id)
+
+
+def start_dag(entry: JobEntry) -> DAG:
+    spec = entry.spec
+    params = {
+        "start_from": Param(
+            "resume",
+            enum=list(START_FROM),
+            description="resume: as the spec says (resumes a local checkpoint); "
+            "latest_checkpoint: the newest, local or externalized; checkpoint: by id; "
+            "savepoint: by id",
+        ),
+        "checkpoint_id": Param(None, type=["null", "integer"], minimum=0),
+        "savepoint_id": Param(None, type=["null", "string"]),
+        "new_checkpoints": Param(
+            1, type="integer", minimum=0, description="checkpoints to wait for (0: RUNNING)"
+        ),
+        "takeover": Param(False, type="boolean", description="fence a live runner"),
+        "launcher": Param(spec.airflow.launcher, enum=list(LAUNCHERS)),
+        "spark_master": Param(None, type=["null", "string"], description="default: the spec's"),
+        "overrides": Param({}, type="object", description="spec overrides: dotted.key: value"),
+        "start_timeout": Param(900, type="integer", minimum=10, description="seconds"),
+    }
+    with _dag(
+        entry,
+        "start",
+        schedule=None,
+        params=params,
+        description=f"Start {entry.name}: RUNNING with a completed checkpoint",
+        doc_md=__doc__,
+    ) as dag:
+        StartJobOperator(
+            task_id="start",
+            job=entry.name,
+            spec_path=str(entry.spec_path),
+            conn_id=spec.airflow.conn_id,
+            start_from="{{ params.start_from }}",
+            checkpoint_id="{{ params.checkpoint_id }}",
+            savepoint_id="{{ params.savepoint_id }}",
+            new_checkpoints="{{ params.new_checkpoints }}",
+            takeover="{{ params.takeover }}",
+            launcher="{{ params.launcher }}",
+            spark_master="{{ params.spark_master }}",
+            overrides="{{ params.overrides }}",
+            start_timeout="{{ params.start_timeout }}",
+            retries=1,
+            retry_delay=timedelta(seconds=10),
+            on_failure_callback=_alert(entry),
+        )
+    return dag
+
+
+def monitor_dag(entry: JobEntry) -> DAG:
+    spec = entry.spec
+    restart = spec.airflow.restart
+    params = {
+        "restart": Param(restart.enabled, type="boolean", description="restart a FAILED job"),
+        "max_attempts": Param(restart.max_attempts, type="integer", minimum=1),
+        "backoff_seconds": Param(restart.backoff, type="number", minimum=0),
+        "max_backoff_seconds": Param(restart.max_backoff, type="number", minimum=0),
+    }
+    with _dag(
+        entry,
+        "monitor",
+        schedule=spec.airflow.monitor_schedule,
+        params=params,
+        description=f"Watch {entry.name}'s checkpoints; alert and restart when it fails",
+        doc_md=__doc__,
+    ) as dag:
+        check = JobHealthOperator(
+            task_id="check",
+            job=entry.name,
+            conn_id=spec.airflow.conn_id,
+            on_failure_callback=_alert(entry),
+        )
+        restart_task = RestartJobOperator(
+            task_id="restart",
+            job=entry.name,
+            spec_path=str(entry.spec_path),
+            conn_id=spec.airflow.conn_id,
+            launcher=spec.airflow.launcher,
+            enabled="{{ params.restart }}",
+            max_attempts="{{ params.max_attempts }}",
+            backoff="{{ params.backoff_seconds }}",
+            max_backoff="{{ params.max_backoff_seconds }}",
+            on_failure_callback=_alert(entry),
+        )
+        # A teardown runs whatever the check did, and leaves the check a leaf: the run
+        # fails when the job was unhealthy, even if the restart then succeeded.
+        check >> restart_task.as_teardown(on_failure_fail_dagrun=True)
+    return dag
+
+
+def savepoint_dag(entry: JobEntry) -> DAG:
+    spec = entry.spec
+    params = {
+        "format": Param(spec.airflow.savepoint_format, enum=list(FORMATS)),
+        "self_contained": Param(False, type="boolean", description="copy files in (portable)"),
+    }
+    with _dag(
+        entry,
+        "savepoint",
+        schedule=spec.airflow.savepoint_schedule,
+        params=params,
+        description=f"Take a savepoint of {entry.name}",
+        doc_md=__doc__,
+    ) as dag:
+        SavepointOperator(
+            task_id="savepoint",
+            job=entry.name,
+            conn_id=spec.airflow.conn_id,
+            format="{{ params.format }}",
+            self_contained="{{ params.self_contained }}",
+            on_failure_callback=_alert(entry),
+        )
+    return dag
+
+
+def stop_dag(entry: JobEntry) -> DAG:
+    spec = entry.spec
+    params = {
+        "mode": Param("stop", enum=["stop", "cancel"], description="cancel: now, no savepoint"),
+        "savepoint": Param(True, type="boolean", description="stop: take a savepoint first"),
+        "format": Param(spec.airflow.savepoint_format, enum=list(FORMATS)),
+    }
+    with _dag(
+        entry,
+        "stop",
+        schedule=None,
+        params=params,
+        description=f"Stop {entry.name} (with a savepoint by default)",
+        doc_md=__doc__,
+    ) as dag:
+        StopJobOperator(
+            task_id="stop",
+            job=entry.name,
+            conn_id=spec.airflow.conn_id,
+            mode="{{ params.mode }}",
+            savepoint="{{ params.savepoint }}",
+            format="{{ params.format }}",
+            on_failure_callback=_alert(entry),
+        )
+    return dag

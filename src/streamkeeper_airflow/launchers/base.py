@@ -1,0 +1,115 @@
+"""What every launcher is given and gives back, and the `streamkeeper run` command line.
+
+A launcher starts one driver in the background and returns at once: waiting for the
+driver is the job of a deferrable trigger, never of a worker slot. Credentials reach
+the driver through its environment (`LaunchRequest.env`), never its command line,
+which `ps` shows to every user of the host.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import psutil
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One start of one job: everything `streamkeeper run` needs."""
+
+    job: str
+    spec_path: str
+    root: str
+    run_token: str
+    workdir: str  # the driver's working directory: relative spec paths resolve here
+    overrides: dict[str, str] = field(default_factory=dict)  # `--set dotted.key=value`
+    checkpoint_dir: str | None = None
+    from_checkpoint: str | None = None  # latest | an externalized checkpoint id
+    from_savepoint: str | None = None  # a savepoint id (the savepoint CLI's option)
+    takeover: bool = False
+    master: str | None = None  # Spark master; the spec's if None
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # AWS_* credentials
+
+    def run_args(self) -> list[str]:
+        """Arguments of `streamkeeper run` (after `run`), without any credential."""
+        args = [self.spec_path, "--root", self.root, "--run-token", self.run_token]
+        if self.checkpoint_dir:
+            args += ["--checkpoint-dir", self.checkpoint_dir]
+        for key, value in sorted(self.overrides.items()):
+            args += ["--set", f"{key}={value}"]
+        if self.from_checkpoint is not None:
+            args += ["--from-checkpoint", str(self.from_checkpoint)]
+        if self.from_savepoint is not None:
+            args += ["--from-savepoint", str(self.from_savepoint)]
+        if self.takeover:
+            args.append("--takeover")
+        if self.master:
+            args += ["--master", self.master]
+        return args
+
+
+@dataclass(frozen=True)
+class LaunchedDriver:
+    """The background process a launcher started (on this host)."""
+
+    launcher: str
+    pid: int
+    host: str
+    process_started_at: float | None
+    log: str | None
+
+    @classmethod
+    def of_process(cls, launcher: str, pid: int, log: str | None) -> LaunchedDriver:
+        return cls(launcher, pid, socket.gethostname(), process_started_at(pid), log)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Launcher(Protocol):
+    """Starts a driver in the background and returns at once."""
+
+    name: str
+
+    def launch(self, request: LaunchRequest) -> LaunchedDriver:
+        """Raises LaunchError naming the command's failure (never a credential)."""
+        ...
+
+
+# Airflow's own settings and secrets (connections, variables, config such as the fernet
+# key) are the worker's business, not the driver's: a driver gets only its storage's.
+_WORKER_ONLY_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_", "AIRFLOW__", "_AIRFLOW")
+_STORAGE_PREFIX = "AWS_"
+
+
+def driver_environment(request: LaunchRequest, base: dict[str, str]) -> dict[str, str]:
+    """The driver's environment: the worker's, without Airflow's secrets, plus the storage
+    settings of the connection (which replace any AWS_* the worker had)."""
+    env = {k: v for k, v in base.items() if not k.startswith(_WORKER_ONLY_PREFIXES)}
+    if request.env:
+        env = {k: v for k, v in env.items() if not k.startswith(_STORAGE_PREFIX)}
+        env.update(request.env)
+    return env
+
+
+def process_started_at(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def process_alive(pid: int | None, started_at: float | None) -> bool:
+    """Is `pid` still the process that was started at `started_at` (not a reused pid)?"""
+    if not pid:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        actual = process.create_time()
+    except psutil.Error:
+        return False
+    return started_at is None or abs(actual - started_at) < 1.0

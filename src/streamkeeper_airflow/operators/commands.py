@@ -1,0 +1,164 @@
+"""Commands to a running job over the control plane: savepoint, stop, cancel.
+
+Thin on purpose: the command API (`jobs/{job}/commands/{id}.json`, answered with
+`{id}.result.json` by the runner between batches) comes with the savepoint work; these
+operators send one command and defer until its result. The command id is derived from
+the task instance, so a retried task re-sends the same command, which the job executes
+once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+FORMATS = ("native", "canonical")
+
+
+def command_id_for(kind: str, dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    """One id per task instance and kind, valid for the command API ([A-Za-z0-9_-])."""
+    from streamkeeper_airflow.starts import run_token_for
+
+    return f"{kind}-{run_token_for(dag_id, run_id, task_id, map_index)}"
+
+
+class _CommandOperator(BaseOperator):
+    """Send `kind` to the job and wait (deferred) for its result."""
+
+    kind: ClassVar[str]
+    template_fields: Sequence[str] = ("job", "conn_id", "root", "result_timeout")
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        conn_id: str = DEFAULT_CONN_ID,
+        root: str | None = None,
+        result_timeout: float | str = 900.0,
+        poll_interval: float = 2.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.conn_id = conn_id
+        self.root = root
+        self.result_timeout = result_timeout
+        self.poll_interval = poll_interval
+
+    @cached_property
+    def hook(self) -> StreamkeeperHook:
+        return StreamkeeperHook(self.conn_id, root=self.root)
+
+    def command_options(self) -> dict[str, Any]:
+        return {}
+
+    def execute(self, context: Context) -> None:
+        from streamkeeper_airflow.errors import CommandsUnavailableError
+        from streamkeeper_airflow.triggers.commands import CommandResultTrigger
+
+        ti = context["ti"]
+        command_id = command_id_for(self.kind, ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        try:
+            sent = self.hook.send_command(
+                self.job, self.kind, command_id=command_id, **self.command_options()
+            )
+        except CommandsUnavailableError as error:
+            raise AirflowFailException(str(error)) from None
+        self.log.info("sent %s command %s to job %s", self.kind, sent, self.job)
+        timeout = float(self.result_timeout)
+        self.defer(
+            trigger=CommandResultTrigger(
+                conn_id=self.conn_id,
+                job=self.job,
+                root=self.root,
+                poll_interval=self.poll_interval,
+                deadline=time.time() + timeout,
+                command_id=sent,
+                kind=self.kind,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=timeout + 60),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "success":
+            raise AirflowException(event.get("message", f"{self.kind} failed"))
+        self.log.info("%s", event.get("message"))
+        return event
+
+
+class SavepointOperator(_CommandOperator):
+    """Take a savepoint of the running job; returns the result (with `savepoint_id`).
+
+    Args:
+        format: native (Spark's files) or canonical (state as Delta tables, by operator uid).
+        self_contained: copy the savepoint's files into its folder (portable).
+    """
+
+    kind = "savepoint"
+    template_fields: Sequence[str] = (*_CommandOperator.template_fields, "format")
+
+    def __init__(self, *, format: str = "native", self_contained: bool = False, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.format = format
+        self.self_contained = self_contained
+
+    def command_options(self) -> dict[str, Any]:
+        if self.format not in FORMATS:
+            raise AirflowFailException(
+                f"savepoint format {self.format!r} is not one of {', '.join(FORMATS)}"
+            )
+        return {"format": self.format, "self_contained": bool(self.self_contained)}
+
+
+class StopJobOperator(_CommandOperator):
+    """Stop the running job: with a savepoint (default), without one, or cancel it now.
+
+    Args:
+        mode: stop (drain at a batch boundary) or cancel (now, no savepoint).
+        savepoint: stop only: take a savepoint first.
+        format, self_contained: of that savepoint.
+    """
+
+    template_fields: Sequence[str] = (*_CommandOperator.template_fields, "mode", "savepoint")
+
+    def __init__(
+        self,
+        *,
+        mode: str = "stop",
+        savepoint: bool = True,
+        format: str = "native",
+        self_contained: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.mode = mode
+        self.savepoint = savepoint
+        self.format = format
+        self.self_contained = self_contained
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        if self.mode not in ("stop", "cancel"):
+            raise AirflowFailException(f"stop mode {self.mode!r} is not one of stop, cancel")
+        return self.mode
+
+    def command_options(self) -> dict[str, Any]:
+        if self.mode == "cancel":
+            return {}
+        return {
+            "savepoint": bool(self.savepoint),
+            "format": self.format,
+            "self_contained": bool(self.self_contained),
+        }

@@ -1,0 +1,288 @@
+"""Start a job, idempotently, and wait (deferred) until it runs and checkpoints.
+
+    StartJobOperator(task_id="start", job="keyed-totals", spec_path=".../job.yaml",
+                     start_from="latest_checkpoint")
+
+`start_from`:
+    resume             run the spec as it is: resume from the local Spark checkpoint
+                       directory if the job ran on this host before, else a first start
+    latest_checkpoint  the newest checkpoint wherever it is: the local directory if it
+                       holds one, else the latest externalized checkpoint
+    checkpoint         an externalized checkpoint by id (`checkpoint_id`)
+    savepoint          a savepoint by id (`savepoint_id`; needs the savepoint CLI)
+
+A task retry or a second DAG run never starts a second driver (see `starts.py`): the
+start attaches to the live or pending driver and waits for it like a fresh one would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from streamkeeper_airflow import settings
+from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from streamkeeper_airflow.launchers.base import LaunchRequest
+    from streamkeeper_airflow.starts import StartOutcome
+
+_CREDENTIAL_WORDS = ("secret", "password", "credential", "access_key", "access.key", "token")
+
+
+class StartJobOperator(BaseOperator):
+    """Launch (or attach to) a job's driver; succeed once it is RUNNING with N new checkpoints.
+
+    Args:
+        job: the job's name (its spec's `name`).
+        spec_path: the job's YAML spec.
+        conn_id: the storage root's connection (its extra `root`).
+        root: the storage root, overriding the connection's.
+        start_from: resume | latest_checkpoint | checkpoint | savepoint (module doc).
+        checkpoint_id: the externalized checkpoint for start_from=checkpoint.
+        savepoint_id: the savepoint for start_from=savepoint.
+        new_checkpoints: committed checkpoints to wait for (0: until RUNNING).
+        takeover: fence a live runner of the lineage instead of refusing.
+        launcher: embedded | spark_submit.
+        launcher_options: the launcher's own options (e.g. spark_submit, conf).
+        spark_master: the Spark master (default: the spec's).
+        overrides: spec overrides, dotted.key -> value (`streamkeeper run --set`).
+        workdir: the driver's working directory (default `[streamkeeper] workdir`).
+        start_timeout: seconds to wait for the driver to run and checkpoint.
+        poll_interval: seconds between control-plane polls while deferred.
+    """
+
+    template_fields: Sequence[str] = (
+        "job",
+        "spec_path",
+        "conn_id",
+        "root",
+        "start_from",
+        "checkpoint_id",
+        "savepoint_id",
+        "new_checkpoints",
+        "takeover",
+        "launcher",
+        "spark_master",
+        "overrides",
+        "workdir",
+        "start_timeout",
+    )
+    ui_color = "#d9f2e6"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        spec_path: str,
+        conn_id: str = DEFAULT_CONN_ID,
+        root: str | None = None,
+        start_from: str = "resume",
+        checkpoint_id: int | str | None = None,
+        savepoint_id: str | None = None,
+        new_checkpoints: int | str = 1,
+        takeover: bool = False,
+        launcher: str = "embedded",
+        launcher_options: dict[str, Any] | None = None,
+        spark_master: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        workdir: str | None = None,
+        start_timeout: float | str = 900.0,
+        poll_interval: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.spec_path = spec_path
+        self.conn_id = conn_id
+        self.root = root
+        self.start_from = start_from
+        self.checkpoint_id = checkpoint_id
+        self.savepoint_id = savepoint_id
+        self.new_checkpoints = new_checkpoints
+        self.takeover = takeover
+        self.launcher = launcher
+        self.launcher_options = dict(launcher_options or {})
+        self.spark_master = spark_master
+        self.overrides = overrides
+        self.workdir = workdir
+        self.start_timeout = start_timeout
+        self.poll_interval = poll_interval
+
+    @cached_property
+    def hook(self) -> StreamkeeperHook:
+        return StreamkeeperHook(self.conn_id, root=self.root)
+
+    def execute(self, context: Context) -> Any:
+        from streamkeeper_airflow.errors import StartRefusedError
+
+        request = self.launch_request(context)
+        try:
+            outcome = self.start(request, context)
+        except StartRefusedError as error:
+            raise AirflowFailException(str(error)) from None
+        self.log.info(
+            "job %s: %s (%s); run token %s, driver %s",
+            self.job,
+            outcome.action,
+            outcome.reason,
+            outcome.token,
+            outcome.driver,
+        )
+        self.defer_until_running(outcome)
+
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], start: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Resumed by the trigger: fail with its message, or return the status payload."""
+        if event.get("status") != "success":
+            raise AirflowException(event.get("message", "the job did not start"))
+        self.log.info("%s", event.get("message"))
+        return {**event, "start": start}
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def start(self, request: LaunchRequest, context: Context) -> StartOutcome:
+        from streamkeeper_airflow.launchers import launcher_for
+        from streamkeeper_airflow.starts import start_job
+
+        ti = context["ti"]
+        return start_job(
+            store=self.hook.store,
+            status=lambda job: self.hook.status(job, missing_ok=True),
+            request=request,
+            launcher=launcher_for(self.launcher, **self.launcher_options),
+            start_from=self.start_from,
+            origin={
+                "dag_id": ti.dag_id,
+                "run_id": ti.run_id,
+                "task_id": ti.task_id,
+                "try_number": ti.try_number,
+            },
+        )
+
+    def defer_until_running(self, outcome: StartOutcome) -> None:
+        from streamkeeper_airflow.triggers.checkpoints import CheckpointProgressTrigger
+
+        timeout = float(self.start_timeout)
+        self.defer(
+            trigger=CheckpointProgressTrigger(
+                conn_id=self.conn_id,
+                job=self.job,
+                root=self.root,
+                poll_interval=self.poll_interval,
+                deadline=time.time() + timeout,
+                baseline_seq=outcome.baseline_seq,
+                new_checkpoints=int(self.new_checkpoints),
+                run_token=outcome.token,
+                after_epoch=outcome.after_epoch,
+                driver=outcome.driver,
+            ),
+            method_name="execute_complete",
+            kwargs={"start": outcome.to_json()},
+            timeout=timedelta(seconds=timeout + 60),  # the trigger's own deadline comes first
+        )
+
+    def launch_request(self, context: Context) -> LaunchRequest:
+        """Validate the parameters and the spec; build the launch (no side effect yet).
+
+        Raises:
+            AirflowFailException: a bad parameter or spec (retrying would not help).
+        """
+        from streamkeeper.errors import SpecError
+        from streamkeeper.spec import load_spec
+        from streamkeeper_airflow.launchers.base import LaunchRequest
+        from streamkeeper_airflow.starts import START_FROM, run_token_for
+
+        if self.start_from not in START_FROM:
+            raise AirflowFailException(
+                f"start_from {self.start_from!r} is not one of {', '.join(START_FROM)}"
+            )
+        overrides = self._overrides()
+        workdir = str(Path(self.workdir or settings.workdir()).resolve())
+        try:
+            spec = load_spec(self._spec_file(workdir), overrides)
+        except SpecError as error:
+            raise AirflowFailException(str(error)) from None
+        if spec.name != self.job:
+            raise AirflowFailException(
+                f"spec {self.spec_path!r} is job {spec.name!r}, not {self.job!r}; pass the "
+                "job's own spec"
+            )
+        ti = context["ti"]
+        return LaunchRequest(
+            job=self.job,
+            spec_path=str(self._spec_file(workdir)),
+            root=self.hook.root,
+            run_token=run_token_for(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
+            workdir=workdir,
+            overrides=overrides,
+            from_checkpoint=self._from_checkpoint(spec, workdir),
+            from_savepoint=self._from_savepoint(),
+            takeover=bool(self.takeover),
+            master=self.spark_master
+            or (spec.spark.master if self.launcher == "spark_submit" else None),
+            env=self.hook.settings.driver_env(),
+        )
+
+    def _spec_file(self, workdir: str) -> Path:
+        path = Path(self.spec_path)
+        return path if path.is_absolute() else Path(workdir) / path
+
+    def _overrides(self) -> dict[str, str]:
+        overrides = {str(k): str(v) for k, v in (self.overrides or {}).items()}
+        for key in overrides:
+            if any(word in key.lower() for word in _CREDENTIAL_WORDS):
+                raise AirflowFailException(
+                    f"override {key!r} looks like a credential; credentials reach the driver "
+                    f"through the connection {self.conn_id!r} (its login/password), never "
+                    "through overrides, which are visible on its command line"
+                )
+        endpoint = self.hook.settings.endpoint_url
+        if endpoint:  # the connection is the authority on where the root is
+            overrides["storage.endpoint_url"] = endpoint
+        return overrides
+
+    def _from_checkpoint(self, spec: Any, workdir: str) -> str | None:
+        if self.start_from == "checkpoint":
+            if self.checkpoint_id is None or not str(self.checkpoint_id).isdigit():
+                raise AirflowFailException(
+                    f"start_from 'checkpoint' needs checkpoint_id, an externalized "
+                    f"checkpoint's id (a number; see `streamkeeper checkpoints {self.job}`); "
+                    f"got {self.checkpoint_id!r}"
+                )
+            return str(self.checkpoint_id)
+        if self.start_from == "latest_checkpoint":
+            directory = Path(spec.checkpoint.dir or f".streamkeeper/checkpoints/{spec.lineage_id}")
+            directory = directory if directory.is_absolute() else Path(workdir) / directory
+            local = directory.is_dir() and any(directory.iterdir())
+            return None if local else "latest"  # the local directory is never older
+        return None
+
+    def _from_savepoint(self) -> str | None:
+        if self.start_from != "savepoint":
+            return None
+        if not self.savepoint_id:
+            raise AirflowFailException(
+                f"start_from 'savepoint' needs savepoint_id (see `streamkeeper savepoints "
+                f"{self.job}`); got {self.savepoint_id!r}"
+            )
+        import inspect
+
+        from streamkeeper import cli
+
+        if "from_savepoint" not in inspect.signature(cli.run).parameters:
+            raise AirflowFailException(
+                "start_from 'savepoint' needs `streamkeeper run --from-savepoint`, which the "
+                "installed streamkeeper does not have yet (it arrives with savepoints)"
+            )
+        return str(self.savepoint_id)

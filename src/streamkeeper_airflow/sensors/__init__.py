@@ -1,0 +1,1 @@
+"""Deferrable sensors: checkpoint progress, a healthy probation window, a command's result."""

@@ -1,0 +1,137 @@
+"""The polling loop every streamkeeper trigger shares.
+
+A trigger holds nothing but its serialized arguments (it may be moved to another
+triggerer, or run twice): the baseline, the run token, the absolute deadline are
+arguments computed by the operator before it defers. Each poll calls the trigger's
+synchronous `check` (control-plane reads through the pyspark-free client) in a thread,
+so the triggerer's event loop never blocks on storage.
+
+Events are `{"status": "success" | "error", "message": ..., "job": ..., ...}`; the
+operator's `execute_complete` raises on "error". No event holds a credential.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from streamkeeper_airflow.secrets import redact
+
+if TYPE_CHECKING:
+    from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
+
+DEFAULT_POLL_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Check:
+    """One poll's verdict: done (with a success or error payload) or still waiting."""
+
+    done: bool
+    payload: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def success(cls, message: str, **facts: Any) -> Check:
+        return cls(True, {"status": "success", "message": message, **facts})
+
+    @classmethod
+    def error(cls, message: str, **facts: Any) -> Check:
+        return cls(True, {"status": "error", "message": message, **facts})
+
+    @classmethod
+    def waiting(cls, message: str, **facts: Any) -> Check:
+        return cls(False, {"status": "waiting", "message": message, **facts})
+
+
+class ControlPlaneTrigger(BaseTrigger):
+    """Polls one job's control plane until `check` is done or the deadline passes.
+
+    Args:
+        conn_id: the Airflow connection of the storage root.
+        job: the job's name.
+        root: the storage root, if not the connection's.
+        poll_interval: seconds between polls.
+        deadline: seconds since the epoch after which the trigger reports an error.
+    """
+
+    def __init__(
+        self,
+        *,
+        conn_id: str,
+        job: str,
+        root: str | None = None,
+        poll_interval: float = DEFAULT_POLL_SECONDS,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.conn_id = conn_id
+        self.job = job
+        self.root = root
+        self.poll_interval = float(poll_interval)
+        self.deadline = deadline
+
+    def _base_kwargs(self) -> dict[str, Any]:
+        return {
+            "conn_id": self.conn_id,
+            "job": self.job,
+            "root": self.root,
+            "poll_interval": self.poll_interval,
+            "deadline": self.deadline,
+        }
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", self._kwargs()
+
+    def _kwargs(self) -> dict[str, Any]:
+        """Every constructor argument (subclasses add theirs)."""
+        return self._base_kwargs()
+
+    def check(self, hook: StreamkeeperHook, now: float) -> Check:
+        """One synchronous poll (runs in a thread)."""
+        raise NotImplementedError
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = None
+        said = None  # the last message logged (a local, not trigger state)
+        try:
+            hook = await hook_for(self.conn_id, self.root)
+            while True:
+                verdict = await asyncio.to_thread(self.check, hook, time.time())
+                if verdict.done:
+                    yield TriggerEvent(self._event(verdict.payload))
+                    return
+                if self.deadline is not None and time.time() >= self.deadline:
+                    yield TriggerEvent(self._timed_out(verdict.payload))
+                    return
+                if verdict.payload.get("message") != said:
+                    said = verdict.payload.get("message")
+                    self.log.info("%s: %s", self.job, said)
+                await asyncio.sleep(self.poll_interval)
+        except Exception as error:  # noqa: BLE001 - reported as the task's failure
+            secrets = () if hook is None else hook.settings.secrets
+            message = redact(f"{type(error).__name__}: {error}", secrets)
+            yield TriggerEvent(self._event({"status": "error", "message": message}))
+
+    def _timed_out(self, last: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **last,
+            "status": "error",
+            "message": f"gave up waiting at the deadline; last seen: {last.get('message')}",
+        }
+
+    def _event(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return {"job": self.job, **payload}
+
+
+async def hook_for(conn_id: str, root: str | None) -> StreamkeeperHook:
+    """The hook, with its connection fetched asynchronously (imported late: parse time)."""
+    from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
+
+    hook = await StreamkeeperHook.for_trigger(conn_id, root)
+    await asyncio.to_thread(lambda: hook.client)  # builds the storage client off the loop
+    return hook

@@ -1,0 +1,183 @@
+"""The DAG folder, the plugin and the provider registration, each in a fresh interpreter
+(so nothing another test imported hides a heavy import at parse time)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+HEAVY = ("pyspark", "boto3", "botocore", "great_expectations", "deltalake", "pyarrow")
+ACTIONS = ("start", "monitor", "savepoint", "stop")
+
+
+def _python(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+    """Run `code` (which prints one JSON line last) in a fresh interpreter."""
+    environment = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "home"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        **env,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+DAGBAG = """
+import json, sys, time
+from airflow.dag_processing.dagbag import DagBag
+started = time.perf_counter()
+bag = DagBag(dag_folder="dags")
+seconds = time.perf_counter() - started
+print(json.dumps({
+    "seconds": seconds,
+    "files": {s.file: s.duration.total_seconds() for s in bag.dagbag_stats},
+    "errors": bag.import_errors,
+    "warnings": {k: list(v) for k, v in bag.captured_warnings.items()},
+    "dags": {d: {"params": sorted(bag.dags[d].params), "schedule": str(bag.dags[d].schedule),
+                 "tasks": sorted(bag.dags[d].task_ids), "tags": sorted(bag.dags[d].tags)}
+             for d in bag.dag_ids},
+    "heavy": sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY)),
+}))
+""".replace("HEAVY", repr(HEAVY))
+
+
+def test_every_dag_imports_light_and_fast(tmp_path: Path) -> None:
+    bag = _python(DAGBAG, tmp_path)
+    print(f"DagBag parse of dags/: {bag['seconds']:.2f} s; per file: {bag['files']}")
+    assert bag["errors"] == {} and bag["warnings"] == {}
+    assert bag["heavy"] == []  # no pyspark, boto3, great_expectations at parse time
+    jobs = sorted(p.parent.name for p in (REPO / "jobs").glob("*/job.yaml"))
+    assert jobs == ["keyed_totals"]
+    assert sorted(bag["dags"]) == [f"keyed-totals.{a}" for a in sorted(ACTIONS)]
+    start = bag["dags"]["keyed-totals.start"]
+    assert start["params"] == sorted(
+        ["start_from", "checkpoint_id", "savepoint_id", "new_checkpoints", "takeover",
+         "launcher", "spark_master", "overrides", "start_timeout"]
+    )  # fmt: skip
+    assert start["tasks"] == ["start"] and start["tags"] == ["keyed-totals", "streamkeeper"]
+    monitor = bag["dags"]["keyed-totals.monitor"]
+    assert monitor["tasks"] == ["check", "restart"]
+    assert monitor["params"] == [
+        "backoff_seconds", "max_attempts", "max_backoff_seconds", "restart",
+    ]  # fmt: skip
+    assert "*/5 * * * *" in monitor["schedule"]
+    assert "0 * * * *" in bag["dags"]["keyed-totals.savepoint"]["schedule"]  # the spec's cron
+    assert bag["dags"]["keyed-totals.stop"]["params"] == ["format", "mode", "savepoint"]
+    assert bag["seconds"] < 20, bag["files"]
+
+
+def test_a_bad_spec_is_skipped_with_a_warning_and_the_others_stay(tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    (jobs / "good").mkdir(parents=True)
+    (jobs / "bad").mkdir()
+    (jobs / "good" / "job.yaml").write_text((REPO / "jobs/keyed_totals/job.yaml").read_text())
+    (jobs / "bad" / "job.yaml").write_text("name: Bad Name\nsource: {type: rate}\n")
+    bag = _python(DAGBAG, tmp_path, AIRFLOW__STREAMKEEPER__JOBS_FOLDER=str(jobs))
+    assert bag["errors"] == {}
+    assert "keyed-totals.start" in bag["dags"] and len(bag["dags"]) == 4
+    warned = " ".join(w for ws in bag["warnings"].values() for w in ws)
+    assert "bad/job.yaml skipped" in warned and "name:" in warned
+
+
+def test_operators_survive_dag_serialization(tmp_path: Path) -> None:
+    code = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+from airflow.serialization.serialized_objects import DagSerialization
+bag = DagBag(dag_folder="dags")
+out = {}
+for dag_id, dag in bag.dags.items():
+    data = json.loads(json.dumps(DagSerialization.to_dict(dag)))
+    back = DagSerialization.from_dict(data)
+    out[dag_id] = {t.task_id: {"type": t.task_type, "template_fields": list(t.template_fields),
+                               "teardown": t.is_teardown} for t in back.tasks}
+start = DagSerialization.from_dict(json.loads(json.dumps(
+    DagSerialization.to_dict(bag.dags["keyed-totals.start"])))).get_task("start")
+out["start_from"] = start.start_from
+out["job"] = start.job
+print(json.dumps(out))
+"""
+    out = _python(code, tmp_path)
+    start = out["keyed-totals.start"]["start"]
+    assert start["type"] == "StartJobOperator"
+    assert {"start_from", "checkpoint_id", "overrides", "takeover"} <= set(start["template_fields"])
+    assert out["start_from"] == "{{ params.start_from }}" and out["job"] == "keyed-totals"
+    monitor = out["keyed-totals.monitor"]
+    assert monitor["check"]["type"] == "JobHealthOperator"
+    assert monitor["restart"]["type"] == "RestartJobOperator" and monitor["restart"]["teardown"]
+    assert out["keyed-totals.savepoint"]["savepoint"]["type"] == "SavepointOperator"
+    assert out["keyed-totals.stop"]["stop"]["type"] == "StopJobOperator"
+
+
+def _distribution_with_provider_entry_point(target: Path) -> Path:
+    """What `pip install -e .` records: pyproject's entry points in a dist-info folder."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    points = project["entry-points"]["apache_airflow_provider"]
+    dist = target / f"streamkeeper-{project['version']}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: streamkeeper\nVersion: {project['version']}\n"
+    )
+    lines = "".join(f"{name} = {value}\n" for name, value in points.items())
+    (dist / "entry_points.txt").write_text(f"[apache_airflow_provider]\n{lines}")
+    return target
+
+
+def test_the_provider_is_registered_and_the_plugin_loads(tmp_path: Path) -> None:
+    site = _distribution_with_provider_entry_point(tmp_path / "site")
+    code = """
+import json
+from airflow.providers_manager import ProvidersManager
+from airflow import plugins_manager
+manager = ProvidersManager()
+info = manager.providers["streamkeeper"]
+hook = manager.hooks.get("streamkeeper")
+triggers = sorted(t.trigger_class_name for t in manager.trigger if "streamkeeper" in t.package_name)
+plugins, errors = plugins_manager._get_plugins()
+print(json.dumps({
+    "version": info.version,
+    "hook": hook.hook_class_name if hook else None,
+    "connection_types": [c["connection-type"] for c in info.data["connection-types"]],
+    "trigger_modules": triggers,
+    "plugins": sorted(p.name for p in plugins),
+    "plugin_errors": errors,
+}))
+"""
+    pythonpath = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    out = _python(
+        code,
+        tmp_path,
+        PYTHONPATH=pythonpath,
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
+    )
+    assert out["version"] == "0.1.0" and out["connection_types"] == ["streamkeeper"]
+    assert out["hook"] == "streamkeeper_airflow.hooks.streamkeeper.StreamkeeperHook"
+    assert out["trigger_modules"] == [
+        "streamkeeper_airflow.triggers.checkpoints",
+        "streamkeeper_airflow.triggers.commands",
+    ]
+    assert "streamkeeper" in out["plugins"] and out["plugin_errors"] == {}
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_each_dag_file_is_thin(action: str) -> None:
+    text = (REPO / "dags" / f"{action}.py").read_text()
+    code = [line for line in text.splitlines() if line and not line.startswith(("#", '"'))]
+    assert len(text.splitlines()) < 20 and "generate(" in text, code

@@ -1,0 +1,207 @@
+"""Triggers: serialize/deserialize round trips (as the triggerer stores and rebuilds them),
+and their runs against a control plane written by hand (no Spark)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.serde import deserialize, serialize
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from streamkeeper.storage import LocalStore
+from streamkeeper_airflow.triggers.base import ControlPlaneTrigger
+from streamkeeper_airflow.triggers.checkpoints import CheckpointProgressTrigger, JobHealthyTrigger
+from streamkeeper_airflow.triggers.commands import CommandResultTrigger
+from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
+from tests.unit.test_client import JOB, write_control_plane
+
+COMMON: dict[str, Any] = {
+    "conn_id": "sk_trig",
+    "job": JOB,
+    "root": None,
+    "poll_interval": 0.05,
+    "deadline": None,
+}
+TRIGGERS: list[tuple[type[ControlPlaneTrigger], dict[str, Any]]] = [
+    (
+        CheckpointProgressTrigger,
+        {
+            "baseline_seq": 4,
+            "new_checkpoints": 2,
+            "run_token": "af-abc",
+            "after_epoch": 3,
+            "driver": {"pid": 1, "host": "h", "process_started_at": 1.5, "log": "/l"},
+        },
+    ),
+    (
+        JobHealthyTrigger,
+        {"started_at": 1.0, "probation": 30.0, "epoch": 4, "tolerate_degraded": True},
+    ),
+    (CommandResultTrigger, {"command_id": "savepoint-af-1", "kind": "savepoint"}),
+]
+
+
+def _import(classpath: str) -> type[BaseTrigger]:
+    from airflow._shared.module_loading import import_string
+
+    return import_string(classpath)
+
+
+@pytest.mark.parametrize(("cls", "own"), TRIGGERS, ids=lambda v: getattr(v, "__name__", ""))
+def test_a_trigger_survives_the_triggerers_round_trip(
+    cls: type[ControlPlaneTrigger], own: dict[str, Any]
+) -> None:
+    trigger = cls(**COMMON, **own)
+    classpath, kwargs = trigger.serialize()
+    assert kwargs == {**COMMON, **own}  # serialize() and __init__ match
+    stored = deserialize(serialize(kwargs))  # what Trigger.encrypt/decrypt_kwargs do
+    rebuilt = _import(classpath)(**stored)
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert CANARY_SECRET not in repr(rebuilt)
+
+
+def test_trigger_modules_import_without_pyspark_or_boto3() -> None:
+    code = (
+        "import sys, streamkeeper_airflow.triggers.checkpoints, "
+        "streamkeeper_airflow.triggers.commands;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'pyspark', 'boto3', 'botocore', 'great_expectations', 'deltalake', 'pyarrow'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def _run(trigger: BaseTrigger) -> dict[str, Any]:
+    async def first() -> TriggerEvent:
+        return await anext(trigger.run())
+
+    return asyncio.run(first()).payload
+
+
+@pytest.fixture
+def plane(conn_env: object, local_root: Path) -> Path:
+    conn_env("sk_trig", str(local_root))  # type: ignore[operator]
+    return local_root
+
+
+def _beat(root: Path, **fields: Any) -> None:
+    write_control_plane(
+        root,
+        seqs=range(6),
+        history_files=1,
+        heartbeat={"time": time.time(), "state": "RUNNING", "epoch": 4, **fields},
+    )
+
+
+def test_progress_counts_committed_checkpoints_of_the_followed_runner(plane: Path) -> None:
+    _beat(plane, run_token="af-abc")
+    args = {**COMMON, "baseline_seq": 3, "run_token": "af-abc", "after_epoch": 3}
+    done = _run(CheckpointProgressTrigger(**args, new_checkpoints=2))
+    assert done["status"] == "success", done
+    assert done["new_checkpoints"] == [4, 5] and done["run_token"] == "af-abc"
+    assert done["status_report"]["runner"]["epoch"] == 4
+    assert CANARY_SECRET not in repr(done) and CANARY_KEY not in repr(done)
+
+    waiting = _run(
+        CheckpointProgressTrigger(**{**args, "deadline": time.time() + 0.3}, new_checkpoints=3)
+    )
+    assert waiting["status"] == "error" and "gave up waiting at the deadline" in waiting["message"]
+    assert "2/3 new checkpoint(s) after 3" in waiting["message"]
+
+
+def test_progress_ignores_the_heartbeat_of_an_earlier_run(plane: Path) -> None:
+    _beat(plane, state="FAILED", reason="QueryFailedError: boom", run_token="af-old")
+    pending = _run(
+        CheckpointProgressTrigger(
+            **{**COMMON, "deadline": time.time() + 0.3},
+            run_token="af-new",
+            after_epoch=4,
+            new_checkpoints=0,
+        )
+    )
+    assert "waiting for the first heartbeat" in pending["message"]  # not the old FAILED
+
+
+def test_progress_fails_fast_when_its_driver_died_before_beating(plane: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _beat(plane, run_token="af-old")
+    failed = _run(
+        CheckpointProgressTrigger(
+            **COMMON,
+            run_token="af-new",
+            after_epoch=4,
+            driver={"pid": dead.pid, "host": os.uname().nodename, "log": "/x/driver.log"},
+        )
+    )
+    assert failed["status"] == "error"
+    assert "exited before its first heartbeat; see its log /x/driver.log" in failed["message"]
+
+
+def test_progress_fails_when_the_followed_runner_fails(plane: Path) -> None:
+    _beat(plane, state="FAILED", reason="SourceError: gone", run_token="af-abc")
+    failed = _run(CheckpointProgressTrigger(**COMMON, run_token="af-abc", after_epoch=3))
+    assert failed["status"] == "error" and "FAILED" in failed["message"]
+    assert "SourceError: gone" in failed["message"]
+
+
+def test_healthy_passes_a_probation_and_fails_on_a_new_runner(plane: Path) -> None:
+    _beat(plane)
+    now = time.time()
+    passed = _run(JobHealthyTrigger(**COMMON, started_at=now - 60, probation=30, epoch=4))
+    assert passed["status"] == "success" and "stayed healthy" in passed["message"]
+    changed = _run(JobHealthyTrigger(**COMMON, started_at=now, probation=30, epoch=3))
+    assert changed["status"] == "error" and "changed runner during probation" in changed["message"]
+    _beat(plane, consecutive_failures=1, last_failure="commit failed")
+    failing = _run(JobHealthyTrigger(**COMMON, started_at=now, probation=30, epoch=4))
+    assert failing["status"] == "error" and "FAILING during probation" in failing["message"]
+
+
+def test_a_command_result_ends_the_wait(plane: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
+
+    _beat(plane)
+    store = LocalStore(plane)
+    results = {
+        "savepoint-ok": {"id": "savepoint-ok", "state": "ok", "savepoint_id": "sp-1"},
+        "savepoint-bad": {"id": "savepoint-bad", "state": "failed", "error": "SavepointError"},
+    }
+    for command_id, result in results.items():
+        store.write_json(f"jobs/{JOB}/commands/{command_id}.result.json", result)
+
+    def command_result(self: StreamkeeperHook, job: str, command_id: str) -> Any:
+        return store.read_json(f"jobs/{job}/commands/{command_id}.result.json")
+
+    # The command API arrives with the savepoint work: read its files as it will.
+    monkeypatch.setattr(StreamkeeperHook, "command_result", command_result)
+    ok = _run(CommandResultTrigger(**COMMON, command_id="savepoint-ok", kind="savepoint"))
+    assert ok["status"] == "success" and ok["savepoint_id"] == "sp-1"
+    bad = _run(CommandResultTrigger(**COMMON, command_id="savepoint-bad", kind="savepoint"))
+    assert bad["status"] == "error" and "SavepointError" in bad["message"]
+
+
+def test_without_the_command_api_a_command_trigger_says_so(plane: Path) -> None:
+    _beat(plane)
+    event = _run(CommandResultTrigger(**COMMON, command_id="stop-af-1", kind="stop"))
+    assert event["status"] == "error"
+    assert "no command API" in event["message"] or "savepoint" in event["message"]
+
+
+def test_an_unreachable_connection_is_an_error_event_without_the_secret(
+    conn_env: object,
+) -> None:
+    conn_env("sk_trig", "s3://no-such-bucket/x", host="http://127.0.0.1:9")  # type: ignore[operator]
+    event = _run(CheckpointProgressTrigger(**COMMON))
+    assert event["status"] == "error"
+    assert "Could not connect to the endpoint URL" in event["message"]
+    assert CANARY_SECRET not in repr(event) and CANARY_KEY not in repr(event)
