@@ -14,8 +14,20 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dags_folder() -> str:
+    """The production DAG files and this folder's test DAGs, side by side (symlinks)."""
+    folder = Path(tempfile.mkdtemp(prefix="sk-airflow-dags-"))
+    for source in [*(REPO / "dags").glob("*.py"), *(Path(__file__).parent / "dags").glob("*.py")]:
+        (folder / source.name).symlink_to(source)
+    return str(folder)
+
+
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sk-airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", _dags_folder())
 
 CANARY_KEY = "AKIACANARYKEY0000001"
 CANARY_SECRET = "canary-Secret-7f3a9c2e51d4b8"  # must never reach a log, an XCom, an alert
@@ -50,6 +62,14 @@ def conn_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         return conn_id
 
     yield set_connection
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> float:
+    """This process's metadata DB (SQLite in its AIRFLOW_HOME), migrated once."""
+    from tests.support.airflow_runs import migrate_metadata_db
+
+    return migrate_metadata_db()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ which `ps` shows to every user of the host.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -88,6 +89,9 @@ def driver_environment(request: LaunchRequest, base: dict[str, str]) -> dict[str
     """The driver's environment: the worker's, without Airflow's secrets, plus the storage
     settings of the connection (which replace any AWS_* the worker had)."""
     env = {k: v for k, v in base.items() if not k.startswith(_WORKER_ONLY_PREFIXES)}
+    if env.get("PYTHONPATH"):  # the driver runs in another directory: anchor relative entries
+        entries = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(e) if e else e for e in entries)
     if request.env:
         env = {k: v for k, v in env.items() if not k.startswith(_STORAGE_PREFIX)}
         env.update(request.env)

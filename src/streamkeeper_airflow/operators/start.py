@@ -138,16 +138,16 @@ class StartJobOperator(BaseOperator):
             outcome.token,
             outcome.driver,
         )
+        # Kept beside the result: what this try did (launched or attached, which driver).
+        context["ti"].xcom_push(key="start", value=outcome.to_json())
         self.defer_until_running(outcome)
 
-    def execute_complete(
-        self, context: Context, event: dict[str, Any], start: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resumed by the trigger: fail with its message, or return the status payload."""
         if event.get("status") != "success":
             raise AirflowException(event.get("message", "the job did not start"))
         self.log.info("%s", event.get("message"))
-        return {**event, "start": start}
+        return event
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -188,7 +188,6 @@ class StartJobOperator(BaseOperator):
                 driver=outcome.driver,
             ),
             method_name="execute_complete",
-            kwargs={"start": outcome.to_json()},
             timeout=timedelta(seconds=timeout + 60),  # the trigger's own deadline comes first
         )
 
