@@ -70,6 +70,10 @@ class ObjectStore:
         """Names of the immediate sub-folders of `prefix`, sorted."""
         raise NotImplementedError
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under `prefix` with its size in bytes: one listing, no read."""
+        raise NotImplementedError
+
     def delete(self, keys: list[str]) -> None:
         raise NotImplementedError
 
@@ -184,6 +188,15 @@ class LocalStore(ObjectStore):
         if not folder.is_dir():
             return []
         return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        found = {}
+        for key in self.list(prefix):
+            try:
+                found[key] = self._path(key).stat().st_size
+            except FileNotFoundError:
+                continue  # deleted since listed
+        return found
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
@@ -300,6 +313,15 @@ class S3Store(ObjectStore):
             common = page.get("CommonPrefixes", [])
             names.extend(p["Prefix"][len(full) :].rstrip("/") for p in common)
         return sorted(names)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        full = self._key(prefix).rstrip("/") + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        found: dict[str, int] = {}
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            found.update((o["Key"][strip:], int(o["Size"])) for o in page.get("Contents", []))
+        return found
 
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
