@@ -24,15 +24,15 @@ from pydantic import (
 from streamkeeper.errors import SpecError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 DeliveryMode = Literal["exactly_once", "idempotent", "at_least_once"]
 CheckpointMode = Literal["exactly_once", "at_least_once"]
 
 
 def parse_duration(value: Any) -> float:
-    """Parse '500ms', '2s', '1.5m', '1h' or a number of seconds into seconds."""
+    """Parse '500ms', '2s', '1.5m', '1h', '30d' or a number of seconds into seconds."""
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}; expected e.g. '500ms', '10s', '5m', '1h'")
     if isinstance(value, int | float):
@@ -192,6 +192,25 @@ class CheckpointSpec(_Strict):
         return self
 
 
+class SavepointsSpec(_Strict):
+    """Savepoint retention, applied by the running job after each savepoint it takes.
+
+    None keeps every savepoint (Flink's default: savepoints belong to the user). A
+    protected savepoint, one a job was restored from, or one an upgrade holds is never
+    deleted by retention.
+    """
+
+    retained: Annotated[int | None, Field(ge=1)] = None  # keep the newest N
+    max_age: Duration | None = None  # delete older ones (the newest is always kept)
+
+    @field_validator("max_age")
+    @classmethod
+    def _positive_age(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("savepoints.max_age must be positive, e.g. '30d' or '720h'")
+        return value
+
+
 class StateBackendSpec(_Strict):
     """hdfs: Spark's HDFS-backed store (in memory, files on checkpoint); rocksdb: RocksDB."""
 
@@ -226,6 +245,7 @@ class JobSpec(_Strict):
     sinks: Annotated[list[SinkSpec], Field(min_length=1)]
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     state_backend: StateBackendSpec = Field(default_factory=StateBackendSpec)
+    savepoints: SavepointsSpec = Field(default_factory=SavepointsSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     spark: SparkSpec = Field(default_factory=SparkSpec)
 
