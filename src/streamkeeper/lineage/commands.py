@@ -226,7 +226,7 @@ class CommandBox:
     # -- the runner --------------------------------------------------------------------
 
     def pending(self) -> list[str]:
-        """Ids of commands without a result, oldest first (one listing)."""
+        """Ids of commands without a result, by id (one listing)."""
         keys = self.store.list(self.layout.commands)
         names = {k.rsplit("/", 1)[-1] for k in keys}
         ids = [
@@ -241,16 +241,13 @@ class CommandBox:
         names = {k.rsplit("/", 1)[-1] for k in self.store.list(self.layout.commands)}
         return sorted(n[: -len(_RESULT_SUFFIX)] for n in names if n.endswith(_RESULT_SUFFIX))
 
-    def read(self, command_id: str) -> Command:
-        """The pending command.
+    def read(self, command_id: str) -> Command | None:
+        """The pending command (None if it was acknowledged meanwhile).
 
         Raises:
-            CommandError: it is gone, or malformed (the error names the bad value).
+            CommandError: it is malformed (the error names the bad value).
         """
-        stored = self._stored_command(command_id)
-        if stored is None:
-            raise CommandError(f"command {command_id!r} vanished before it was read")
-        return stored
+        return self._stored_command(command_id)
 
     def claim(
         self, command: dict[str, Any], command_id: str, epoch: int

@@ -84,21 +84,23 @@ class CommandExecutor:
         if now < self._next_poll or self.deferred is not None:
             return
         self._next_poll = now + self.interval
-        for command_id in self.box.pending():
-            if command_id in self._seen:
-                continue
+        waiting = [self._read(i) for i in self.box.pending() if i not in self._seen]
+        # In the order they were sent (ids may be the senders' own); malformed ones first.
+        for command_id, command, raw in sorted(filter(None, waiting), key=_sending_order):
             self._seen.add(command_id)
-            self._handle(command_id)
+            self._handle(command_id, command, raw)
             if self.deferred is not None:
                 break  # stopping: later commands wait for the next start
 
-    def _handle(self, command_id: str) -> None:
-        received = time.time()
+    def _read(self, command_id: str) -> tuple[str, Command | None, dict[str, Any]] | None:
         try:
-            command: Command | None = self.box.read(command_id)
-            raw = command.to_json()
+            command = self.box.read(command_id)
         except CommandError as error:  # malformed: claimed, then answered failed
-            command, raw = None, {"id": command_id, "error": str(error)}
+            return command_id, None, {"id": command_id, "error": str(error)}
+        return None if command is None else (command_id, command, command.to_json())
+
+    def _handle(self, command_id: str, command: Command | None, raw: dict[str, Any]) -> None:
+        received = time.time()
         self.fence.check()
         record, claimed = self.box.claim(raw, command_id, self.fence.epoch)
         if not claimed:
@@ -197,6 +199,11 @@ class CommandExecutor:
             finished = None if result is None else result.finished_at
             if finished is not None and now - finished > ACKNOWLEDGE_AFTER_SECONDS:
                 self.box.acknowledge(command_id)
+
+
+def _sending_order(item: tuple[str, Command | None, dict[str, Any]]) -> tuple[float, str]:
+    command_id, command, _raw = item
+    return (0.0 if command is None else command.sent_at, command_id)
 
 
 def _failed(error: BaseException) -> Outcome:

@@ -25,31 +25,18 @@ from streamkeeper.commit.coordinator import CommitCoordinator
 from streamkeeper.errors import FencedError, SavepointError
 from streamkeeper.lineage.control import Fence
 from streamkeeper.runtime.job import JobPaths
-from streamkeeper.snapshots import canonical, savepoint_points
-from streamkeeper.snapshots.externalized import (
-    CheckpointUploader,
-    ExternalizedCheckpoints,
-    pin_checkpoint,
-    stored_checkpoint,
-)
-from streamkeeper.snapshots.manifest import CheckpointFile, scan_checkpoint
-from streamkeeper.snapshots.savepoint_capture import (
-    SelfContainedCopy,
-    code_version,
-    in_savepoint,
-    non_state,
-    savepoint_view,
-    source_offsets,
-    spec_hash,
-)
-from streamkeeper.snapshots.savepoint_disposal import apply_savepoint_retention, delete_savepoint
+from streamkeeper.snapshots import canonical
+from streamkeeper.snapshots.externalized import ExternalizedCheckpoints
+from streamkeeper.snapshots.manifest import CheckpointFile
+from streamkeeper.snapshots.savepoint_capture import code_version, source_offsets, spec_hash
 from streamkeeper.snapshots.savepoint_manifest import (
     CANONICAL_FOLDER,
     SavepointManifest,
     StateOperatorInfo,
     TableSeq,
 )
-from streamkeeper.snapshots.savepoints import SavepointEntry, SavepointRegistry, new_savepoint_id
+from streamkeeper.snapshots.savepoint_writer import SavepointWriter
+from streamkeeper.snapshots.savepoints import SavepointEntry, new_savepoint_id
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.snapshots.state_metadata import read_operators
 from streamkeeper.spec import JobSpec
@@ -123,11 +110,16 @@ class SavepointTaker:
         self.paths = paths
         self.fence = fence
         self.spark = spark
-        self.checkpoints = checkpoints
         self.store = paths.root.store()
         self.layout = paths.layout
-        self.registry = SavepointRegistry(self.store, self.layout)
-        self._uploader: CheckpointUploader | None = None  # when checkpoints are not externalized
+        self.writer = SavepointWriter(
+            self.store,
+            self.layout,
+            paths.checkpoint_dir,
+            epoch=fence.epoch,
+            guard=fence.check,
+            checkpoints=checkpoints,
+        )
         self._operators: dict[tuple[str, int], list[StateOperatorInfo]] = {}
 
     def take(
@@ -144,7 +136,7 @@ class SavepointTaker:
         """
         laps, started = _Laps(), time.time()
         savepoint_id = new_savepoint_id(started)
-        self._register(savepoint_id, request, started)
+        self._fenced_by(lambda: self.writer.register(self._entry(savepoint_id, request, started)))
         try:
             timeout = self.spec.checkpoint.timeout
             with attempt.writer.boundary.between_batches(timeout) as in_flight:
@@ -152,18 +144,23 @@ class SavepointTaker:
                 batch_id = self._wait_for_completion(attempt, timeout)
                 attempt.coordinator.drain(timeout)
                 laps.lap("drain")
-                manifest = self._capture(request, savepoint_id, attempt, batch_id, started)
+                manifest = self._fenced_by(
+                    lambda: self._capture(request, savepoint_id, attempt, batch_id, started)
+                )
                 laps.lap("capture")
-                self._complete(manifest)
+                self._fenced_by(lambda: self.writer.complete(manifest))
                 laps.lap("commit")
                 if then is not None:
                     then()
         except FencedError:
             raise  # not ours any more: the next owner's sweep removes what is left
         except BaseException:
-            self._abandon(savepoint_id)
+            self.writer.abandon(savepoint_id)
             raise
-        deleted = self._retention()
+        retention = self.spec.savepoints
+        deleted = self._fenced_by(
+            lambda: self.writer.retention(retention.retained, retention.max_age)
+        )
         log.info(
             "savepoint %s taken at batch %d (seq %d), %s, %d files, %d bytes: %s",
             savepoint_id,
@@ -194,26 +191,17 @@ class SavepointTaker:
 
     # -- steps -------------------------------------------------------------------------
 
-    def _register(self, savepoint_id: str, request: SavepointRequest, started: float) -> None:
-        entry = SavepointEntry(
+    def _entry(self, savepoint_id: str, request: SavepointRequest, started: float) -> Any:
+        return SavepointEntry(
             id=savepoint_id,
             job=self.spec.name,
             lineage=self.layout.lineage,
             format=request.format,
-            storage=self._storage(request),
+            storage=_storage(request),
             epoch=self.fence.epoch,
             created_at=started,
             command_id=request.command_id,
         )
-        self.fence.check()
-        self._fenced_by(lambda: self.registry.update(_append(entry), self.fence.epoch))
-        savepoint_points.reached("savepoint_after_register")
-
-    @staticmethod
-    def _storage(request: SavepointRequest) -> str:
-        if request.format == "canonical" or request.self_contained:
-            return "self_contained"
-        return "pinned"
 
     def _wait_for_completion(self, attempt: QueryAttempt, timeout: float) -> int:
         """The last batch that ran, once Spark wrote its `commits/N`."""
@@ -267,21 +255,14 @@ class SavepointTaker:
         seq, directory = int(marker["seq"]), attempt.checkpoint.directory
         offsets, metadata = source_offsets(directory, batch_id)
         operators = self._operators_of(attempt, batch_id)
-        canonical_state, checkpoint_id = None, None
-        if request.format == "canonical":
-            files, canonical_state = self._canonical(savepoint_id, directory, batch_id, operators)
-        elif request.self_contained:
-            files = self._self_contained(savepoint_id, directory, seq, batch_id)
-        else:
-            files, checkpoint_id = self._pinned(savepoint_id, seq, batch_id), seq
-        savepoint_points.reached("savepoint_after_pin")
-        conf = metadata.get("conf", {})
+        files, canonical_state = self._files(request, savepoint_id, seq, batch_id, operators)
+        pinned = _storage(request) == "pinned"
         return SavepointManifest(
             id=savepoint_id,
             job=self.spec.name,
             lineage=self.layout.lineage,
             format=request.format,  # type: ignore[arg-type]
-            storage=self._storage(request),  # type: ignore[arg-type]
+            storage=_storage(request),  # type: ignore[arg-type]
             seq=seq,
             batch_id=batch_id,
             query_id=str(marker["query_id"]),
@@ -289,7 +270,7 @@ class SavepointTaker:
             spec_hash=spec_hash(self.spec),
             code_version=code_version(self.spec, self.spec_dir),
             state_backend=self.spec.state_backend.type,
-            partitions=int(conf.get("spark.sql.shuffle.partitions", 0) or 0),
+            partitions=int(metadata.get("conf", {}).get("spark.sql.shuffle.partitions", 0) or 0),
             operators=operators,
             source_offsets=offsets,
             tables={
@@ -297,12 +278,32 @@ class SavepointTaker:
                 for name, target in self.paths.targets.items()
             },
             files=files,
-            checkpoint_id=checkpoint_id,
+            checkpoint_id=seq if pinned else None,
             canonical=canonical_state,
             epoch=self.fence.epoch,
             command_id=request.command_id,
             started_at=started,
         )
+
+    def _files(
+        self,
+        request: SavepointRequest,
+        savepoint_id: str,
+        seq: int,
+        batch_id: int,
+        operators: list[StateOperatorInfo],
+    ) -> tuple[list[CheckpointFile], dict[str, Any] | None]:
+        if request.format == "canonical":
+            folder = self.layout.savepoint(savepoint_id)
+            target = self.paths.root.child(f"{folder}/{CANONICAL_FOLDER}")
+            uids = {o.operator_id: o.uid for o in operators}
+            self.fence.check()
+            directory = self.paths.checkpoint_dir
+            state = canonical.export_state(self.spark, directory, target, batch_id, uids)
+            return self.writer.non_state_files(savepoint_id, batch_id), state
+        if request.self_contained:
+            return self.writer.self_contained(savepoint_id, seq, batch_id), None
+        return self.writer.pinned(savepoint_id, seq, batch_id), None
 
     def _operators_of(self, attempt: QueryAttempt, batch_id: int) -> list[StateOperatorInfo]:
         """Spark's state metadata; the operators do not change within one query run."""
@@ -313,98 +314,6 @@ class SavepointTaker:
             self._operators[key] = read_operators(self.spark, directory, batch_id, uids)
         return self._operators[key]
 
-    def _pinned(self, savepoint_id: str, seq: int, batch_id: int) -> list[CheckpointFile]:
-        if self.checkpoints is not None:
-            base = self.checkpoints.pin_for_savepoint(savepoint_id, seq, batch_id)
-        else:
-            uploader = self._own_uploader()
-
-            def capture() -> Any:
-                stored = stored_checkpoint(uploader, seq, batch_id, self.fence.check)
-                pin_checkpoint(uploader, savepoint_id, seq)
-                uploader.discard_all()  # not externalized: keep only what savepoints pin
-                return stored
-
-            self.fence.check()
-            base = self._fenced_by(capture)
-        return savepoint_view(base.files, batch_id)
-
-    def _own_uploader(self) -> CheckpointUploader:
-        if self._uploader is None:
-            directory = self.paths.checkpoint_dir
-            self._uploader = CheckpointUploader(
-                self.store, self.layout, directory, epoch=self.fence.epoch
-            )
-        return self._uploader
-
-    def _self_contained(
-        self, savepoint_id: str, directory: Path, seq: int, batch_id: int
-    ) -> list[CheckpointFile]:
-        copier = SelfContainedCopy(self.store, directory, self.layout.savepoint(savepoint_id))
-        base = None if self.checkpoints is None else self.checkpoints.stored(seq, batch_id)
-        self.fence.check()
-        if base is not None:  # in the store already: copied there (server-side on S3)
-            return copier.copy(savepoint_view(base.files, batch_id), [])
-        local = [f for f in scan_checkpoint(directory) if in_savepoint(f.path, batch_id)]
-        return copier.copy([], local)
-
-    def _canonical(
-        self,
-        savepoint_id: str,
-        directory: Path,
-        batch_id: int,
-        operators: list[StateOperatorInfo],
-    ) -> tuple[list[CheckpointFile], dict[str, Any]]:
-        folder = self.layout.savepoint(savepoint_id)
-        target = self.paths.root.child(f"{folder}/{CANONICAL_FOLDER}")
-        uids = {o.operator_id: o.uid for o in operators}
-        self.fence.check()
-        state = canonical.export_state(self.spark, directory, target, batch_id, uids)
-        local = [
-            f
-            for f in scan_checkpoint(directory)
-            if in_savepoint(f.path, batch_id) and not f.path.startswith("state/")
-        ]
-        files = SelfContainedCopy(self.store, directory, folder).copy([], local)
-        return non_state(files), state
-
-    def _complete(self, manifest: SavepointManifest) -> None:
-        savepoint_points.reached("savepoint_before_manifest")
-        manifest.ended_at = time.time()
-        self.fence.check()
-        self.store.write_json(self.layout.savepoint_manifest(manifest.id), manifest.to_json())
-        savepoint_points.reached("savepoint_after_manifest")
-        self._fenced_by(lambda: self.registry.update(_completed(manifest), self.fence.epoch))
-        savepoint_points.reached("savepoint_after_complete")
-
-    def _abandon(self, savepoint_id: str) -> None:
-        """A savepoint that failed: remove what it left now (the sweep does otherwise)."""
-        try:
-            self.fence.check()
-            delete_savepoint(
-                self.store, self.layout, savepoint_id, epoch=self.fence.epoch, abandoned=True
-            )
-        except Exception:  # noqa: BLE001 - the savepoint's own error is the one to report
-            log.warning("could not remove failed savepoint %s", savepoint_id, exc_info=True)
-
-    def _retention(self) -> list[str]:
-        """Savepoint retention, after a savepoint: garbage collection, never a failure."""
-        retention = self.spec.savepoints
-        try:
-            self.fence.check()
-            return apply_savepoint_retention(
-                self.store,
-                self.layout,
-                retained=retention.retained,
-                max_age=retention.max_age,
-                epoch=self.fence.epoch,
-            )
-        except FencedError:
-            raise
-        except Exception:  # noqa: BLE001 - retried after the next savepoint
-            log.warning("savepoint retention failed; retried next time", exc_info=True)
-            return []
-
     def _fenced_by(self, action: Callable[[], Any]) -> Any:
         try:
             return action()
@@ -413,18 +322,7 @@ class SavepointTaker:
             raise
 
 
-def _append(entry: SavepointEntry) -> Callable[[Any], None]:
-    return lambda registry: registry.savepoints.append(entry)
-
-
-def _completed(manifest: SavepointManifest) -> Callable[[Any], None]:
-    def mark(registry: Any) -> None:
-        found = registry.find(manifest.id)
-        if found is None:
-            raise SavepointError(f"savepoint {manifest.id!r} vanished from the registry")
-        found.state = "complete"
-        found.completed_at = manifest.ended_at
-        found.seq, found.batch_id = manifest.seq, manifest.batch_id
-        found.checkpoint_id, found.size = manifest.checkpoint_id, manifest.size
-
-    return mark
+def _storage(request: SavepointRequest) -> str:
+    if request.format == "canonical" or request.self_contained:
+        return "self_contained"
+    return "pinned"

@@ -52,11 +52,6 @@ def savepoint_view(files: list[CheckpointFile], batch_id: int) -> list[Checkpoin
     return [f for f in files if in_savepoint(f.path, batch_id)]
 
 
-def non_state(files: list[CheckpointFile]) -> list[CheckpointFile]:
-    """What a canonical savepoint keeps beside its state tables: offsets, commits, sources."""
-    return [f for f in files if not f.path.startswith("state/")]
-
-
 def source_offsets(directory: Path, batch_id: int) -> tuple[list[Any], dict[str, Any]]:
     """Each source's offset and the batch metadata, as Spark recorded them in offsets/N.
 

@@ -19,7 +19,7 @@ from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots import savepoint_points
 from streamkeeper.snapshots.index import CheckpointIndex
 from streamkeeper.snapshots.savepoint_check import check_savepoint
-from streamkeeper.snapshots.savepoint_manifest import SavepointPlace
+from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import (
     Registry,
     SavepointRegistry,
@@ -168,7 +168,7 @@ def sweep_savepoints(store: ObjectStore, layout: LineageLayout, epoch: int) -> D
     return report
 
 
-def _complete(registry: Registry, manifest) -> None:  # noqa: ANN001 - SavepointManifest
+def _complete(registry: Registry, manifest: SavepointManifest) -> None:
     found = registry.find(manifest.id)
     if found is not None:
         found.state = "complete"
