@@ -100,7 +100,11 @@ def savepoint_table(description: dict[str, Any]) -> Table:
             ("source offsets", json.dumps(manifest.get("source_offsets"))),
         ]
         rows += [
-            (f"operator {o['uid']}", f"id {o['operator_id']}, {o['name']}, {o['partitions']} parts")
+            (
+                f"operator {o['uid']}",
+                f"id {o['operator_id']}, {o['operator_name']}, {o['partitions']} partitions"
+                + (f", {o['rows']} rows in {o['table']}" if o.get("table") else ""),
+            )
             for o in manifest.get("operators", [])
         ]
         rows += [

@@ -120,6 +120,7 @@ class JobRunner:
         self._checkpoints: ExternalizedCheckpoints | None = None
         self._restore: RestorePlan | None = None
         self._spark: Any = None
+        self._output: Any = None
         self._commands: CommandExecutor | None = None
         self._savepoints: SavepointTaker | None = None
         self._cancelled = False  # a cancel (SIGTERM, cancel command), not a stop
@@ -132,7 +133,7 @@ class JobRunner:
         spark = build_session(self.spec, self.options.master)
         log.info("spark session ready (master %s)", spark.sparkContext.master)
         self._spark = spark
-        output = build_output(spark, self.spec, self.options.spec_dir)
+        self._output = output = build_output(spark, self.spec, self.options.spec_dir)
         if self._restore is not None and self._restore.manifest.format == "native":
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
 
@@ -321,6 +322,7 @@ class JobRunner:
                     directory,
                     self._spark,
                     self.spec,
+                    self._output,
                     uid_mapping=options.uid_mapping,
                     allow_non_restored_state=options.allow_non_restored_state,
                 )

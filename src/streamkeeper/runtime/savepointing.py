@@ -25,12 +25,11 @@ from streamkeeper.commit.coordinator import CommitCoordinator
 from streamkeeper.errors import FencedError, SavepointError
 from streamkeeper.lineage.control import Fence
 from streamkeeper.runtime.job import JobPaths
-from streamkeeper.snapshots import canonical
+from streamkeeper.snapshots import canonical, savepoint_points
 from streamkeeper.snapshots.externalized import ExternalizedCheckpoints
 from streamkeeper.snapshots.manifest import CheckpointFile
 from streamkeeper.snapshots.savepoint_capture import code_version, source_offsets, spec_hash
 from streamkeeper.snapshots.savepoint_manifest import (
-    CANONICAL_FOLDER,
     SavepointManifest,
     StateOperatorInfo,
     TableSeq,
@@ -255,8 +254,8 @@ class SavepointTaker:
         seq, directory = int(marker["seq"]), attempt.checkpoint.directory
         offsets, metadata = source_offsets(directory, batch_id)
         operators = self._operators_of(attempt, batch_id)
-        files, canonical_state = self._files(request, savepoint_id, seq, batch_id, operators)
-        pinned = _storage(request) == "pinned"
+        files, exported = self._files(request, savepoint_id, seq, batch_id, operators)
+        canonical_operators, source = exported if exported is not None else (None, None)
         return SavepointManifest(
             id=savepoint_id,
             job=self.spec.name,
@@ -271,15 +270,16 @@ class SavepointTaker:
             code_version=code_version(self.spec, self.spec_dir),
             state_backend=self.spec.state_backend.type,
             partitions=int(metadata.get("conf", {}).get("spark.sql.shuffle.partitions", 0) or 0),
-            operators=operators,
+            operators=canonical_operators or operators,
             source_offsets=offsets,
             tables={
                 name: TableSeq(target.location.uri, seq, marker["versions"].get(name))
                 for name, target in self.paths.targets.items()
             },
             files=files,
-            checkpoint_id=seq if pinned else None,
-            canonical=canonical_state,
+            checkpoint_id=seq,
+            source=source,
+            sink_seqs={name: seq for name in self.paths.targets} if exported else {},
             epoch=self.fence.epoch,
             command_id=request.command_id,
             started_at=started,
@@ -292,15 +292,16 @@ class SavepointTaker:
         seq: int,
         batch_id: int,
         operators: list[StateOperatorInfo],
-    ) -> tuple[list[CheckpointFile], dict[str, Any] | None]:
+    ) -> tuple[list[CheckpointFile], tuple[list[StateOperatorInfo], dict[str, Any]] | None]:
         if request.format == "canonical":
-            folder = self.layout.savepoint(savepoint_id)
-            target = self.paths.root.child(f"{folder}/{CANONICAL_FOLDER}")
+            folder = self.paths.root.child(self.layout.savepoint(savepoint_id))
             uids = {o.operator_id: o.uid for o in operators}
             self.fence.check()
-            directory = self.paths.checkpoint_dir
-            state = canonical.export_state(self.spark, directory, target, batch_id, uids)
-            return self.writer.non_state_files(savepoint_id, batch_id), state
+            exported, source = canonical.export_state(
+                self.spark, self.paths.checkpoint_dir, folder, batch_id, uids
+            )
+            savepoint_points.reached("savepoint_after_pin")
+            return [], ([StateOperatorInfo.from_json(o) for o in exported], source)
         if request.self_contained:
             return self.writer.self_contained(savepoint_id, seq, batch_id), None
         return self.writer.pinned(savepoint_id, seq, batch_id), None

@@ -128,11 +128,9 @@ def _file_problems(place: SavepointPlace, manifest: SavepointManifest) -> list[s
 
 def _canonical_problems(place: SavepointPlace, manifest: SavepointManifest) -> list[str]:
     """Each operator's Delta table must have its log and every file it references."""
-    tables = (manifest.canonical or {}).get("tables") or {}
-    if not tables:
-        return ["its canonical state lists no tables"]
-    problems = []
-    for uid, relative in sorted(tables.items()):
+    tables = {op.uid: op.table for op in manifest.operators}
+    problems = [f"operator {uid!r} has no state table" for uid, t in tables.items() if not t]
+    for uid, relative in sorted((u, t) for u, t in tables.items() if t):
         prefix = place.key(relative)
         stored = place.store.sizes(prefix)
         if not any(k.startswith(f"{prefix}/_delta_log/") for k in stored):

@@ -11,12 +11,14 @@ is stored: a *pinned* savepoint's keys are the content-addressed checkpoint stor
 (relative to the storage root; the checkpoint index pins them), a *self-contained*
 one's are relative to the savepoint's own folder (`checkpoint/{path}`), so the folder
 can be copied anywhere and restored from there. A canonical savepoint keeps its state
-as Delta tables per operator uid (`state/`, written by `streamkeeper.state`) and the
-checkpoint's small non-state files (offsets, commits, sources, metadata).
+as Delta tables per operator uid (`state/{uid}`, written by `streamkeeper.state`) and
+its source positions; its manifest is also canonical state's `CanonicalManifest` (the
+same file, each side reading its own fields).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -29,31 +31,34 @@ MANIFEST_VERSION = 1
 SavepointFormat = Literal["native", "canonical"]
 SavepointStorage = Literal["pinned", "self_contained"]
 SELF_CONTAINED_FOLDER = "checkpoint"
-CANONICAL_FOLDER = "state"
-
-
-@dataclass(frozen=True)
-class StateStoreInfo:
-    """One state store of an operator (most have one, `default`; a join has four)."""
-
-    name: str
-    key_schema: dict[str, Any]  # Spark's StructType JSON
-    value_schema: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class StateOperatorInfo:
-    """A stateful operator as Spark's `state-metadata` reader describes it."""
+    """A stateful operator as Spark's `state-metadata` reader describes it.
 
-    uid: str  # the spec's operator uid, or `{name}-{operator_id}` when it names none
+    The same fields as canonical state's `OperatorState` (streamkeeper.state.format),
+    so one manifest serves both: a native savepoint leaves `table`, `rows` and `bytes`
+    empty; schemas are those of the operator's first store.
+    """
+
+    uid: str  # the spec's operator uid (state.operators), or `op-{operator_id}`
     operator_id: int  # Spark's operator id: its position in the query plan
-    name: str  # Spark's operator name, e.g. stateStoreSave, dedupe, symmetricHashJoin
+    operator_name: str  # e.g. stateStoreSave, dedupe, symmetricHashJoin
+    store_names: list[str]
     partitions: int
-    stores: list[StateStoreInfo] = field(default_factory=list)
+    key_schema: str  # Spark's schema JSON of the key struct
+    value_schema: str
+    table: str | None = None  # canonical: its Delta table, relative to the savepoint folder
+    rows: int | None = None
+    bytes: int | None = None
+
+    def key_names(self) -> tuple[str, ...]:
+        return tuple(f["name"] for f in json.loads(self.key_schema).get("fields", []))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StateOperatorInfo:
-        return cls(**{**data, "stores": [StateStoreInfo(**s) for s in data.get("stores", [])]})
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -85,14 +90,20 @@ class SavepointManifest:
     operators: list[StateOperatorInfo]
     source_offsets: list[Any]  # one entry per source, as Spark recorded them in offsets/N
     tables: dict[str, TableSeq]
-    files: list[CheckpointFile]
-    checkpoint_id: int | None = None  # pinned: the externalized checkpoint it pins
-    canonical: dict[str, Any] | None = None  # canonical: the state export's manifest
+    files: list[CheckpointFile]  # native: checkpoint N's files; canonical: none
+    checkpoint_id: int | None = None  # the checkpoint captured (= seq); pinned: what it pins
+    source: dict[str, Any] | None = None  # canonical: source positions {"offsets", "log"}
+    sink_seqs: dict[str, int] = field(default_factory=dict)  # canonical: sink -> seq
     epoch: int = 0  # the runner that took it
     command_id: str | None = None
     started_at: float = field(default_factory=time.time)  # when the command was picked up
     ended_at: float | None = None
+    created_at: float | None = None  # = started_at (canonical state's name for it)
     manifest_version: int = MANIFEST_VERSION
+
+    def __post_init__(self) -> None:
+        if self.created_at is None:
+            self.created_at = self.started_at
 
     @property
     def size(self) -> int:
@@ -110,10 +121,11 @@ class SavepointManifest:
                 f"expected {MANIFEST_VERSION}; it was written by another streamkeeper version "
                 "or is not a savepoint manifest"
             )
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         try:
             return cls(
                 **{
-                    **data,
+                    **known,
                     "operators": [StateOperatorInfo.from_json(o) for o in data["operators"]],
                     "tables": {n: TableSeq(**t) for n, t in data["tables"].items()},
                     "files": [CheckpointFile(**f) for f in data["files"]],

@@ -12,17 +12,15 @@ A native restore downloads the files into a staging folder beside the directory,
 verifies each sha256, adds a marker naming the savepoint and renames the folder into
 place: an interrupted restore leaves the directory as it was. A start retried after a
 restore finished (the marker names the same savepoint) resumes from the directory
-instead of restoring again. A canonical restore hands the state tables to
-`streamkeeper.state` (snapshots/canonical.py).
+instead of restoring again. A canonical restore hands the state tables and source
+positions to `streamkeeper.state` (snapshots/canonical.py), which writes a fresh
+checkpoint for the job's query as it is now (changed code, another partition count).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,17 +31,13 @@ from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots import canonical, savepoint_points
 from streamkeeper.snapshots.restore import download
 from streamkeeper.snapshots.savepoint_check import check_savepoint
-from streamkeeper.snapshots.savepoint_manifest import (
-    CANONICAL_FOLDER,
-    SavepointManifest,
-    SavepointPlace,
-)
+from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointEntry, SavepointRegistry, locate
 from streamkeeper.spec import JobSpec
 from streamkeeper.storage import Location, ObjectStore, S3Settings, resolve_root
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 RESTORE_MARKER = ".streamkeeper-restored-from.json"
@@ -82,7 +76,7 @@ def plan_restore(
     """
     store = root.store()
     place, entry, location = _find(root, store, layout, reference)
-    check = check_savepoint(place, _id_of(reference, entry), entry=entry, layout=layout)
+    check = check_savepoint(place, _id_of(place, entry), entry=entry, layout=layout)
     manifest = check.raise_if_broken()
     if (manifest.job, manifest.lineage) != (layout.job, layout.lineage):
         raise IncompatibleSavepointError(
@@ -104,8 +98,12 @@ def plan_restore(
     return RestorePlan(manifest, place, location, already, rewinds)
 
 
-def _id_of(reference: str, entry: SavepointEntry | None) -> str:
-    return entry.id if entry is not None else Path(reference.rstrip("/")).name
+def _id_of(place: SavepointPlace, entry: SavepointEntry | None) -> str:
+    """The registry's id; a copied folder (any name) says its id in its manifest."""
+    if entry is not None:
+        return entry.id
+    manifest = place.read()
+    return manifest.id if manifest is not None else place.folder
 
 
 def _find(
@@ -190,38 +188,30 @@ def restore_canonical(
     local_dir: Path,
     spark: SparkSession,
     spec: JobSpec,
+    output: DataFrame,
     *,
     uid_mapping: dict[str, str],
     allow_non_restored_state: bool,
 ) -> None:
-    """Write a canonical savepoint's state into `local_dir` (empty or absent).
+    """Write a canonical savepoint's state into `local_dir` (empty or absent) for `output`.
 
-    Written into a staging folder beside it and renamed into place with the marker.
+    Canonical state writes a staging folder and moves it into place; the marker follows.
     """
-    manifest, place = plan.manifest, plan.place
-    local_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{local_dir.name}.canonical-", dir=local_dir.parent))
-    bootstrap, staging = work / "bootstrap", work / "checkpoint"
-    try:
-        download(
-            place.store,
-            manifest.files,
-            bootstrap,
-            label=f"savepoint {manifest.id}",
-            keys=lambda f: place.file_key(manifest, f),
-        )
-        canonical.restore_state(
-            spark,
-            spec,
-            plan.location.child(CANONICAL_FOLDER),
-            staging,
-            uid_mapping=uid_mapping,
-            allow_non_restored_state=allow_non_restored_state,
-            bootstrap_dir=bootstrap,
-        )
-        marker = {"savepoint_id": manifest.id, "seq": manifest.seq, "restored_at": time.time()}
-        (staging / RESTORE_MARKER).write_text(json.dumps(marker))
-        os.replace(staging, local_dir)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    canonical.restore_state(
+        spark,
+        spec,
+        plan.manifest,
+        plan.location,
+        local_dir,
+        output,
+        uid_mapping=uid_mapping,
+        allow_non_restored_state=allow_non_restored_state,
+    )
+    marker = {
+        "savepoint_id": plan.manifest.id,
+        "seq": plan.manifest.seq,
+        "restored_at": time.time(),
+    }
+    (local_dir / RESTORE_MARKER).write_text(json.dumps(marker))
     savepoint_points.reached("restore_savepoint_after_rename")
+    log.info("restored canonical savepoint %s into %s", plan.manifest.id, local_dir)

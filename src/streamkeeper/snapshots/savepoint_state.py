@@ -71,8 +71,7 @@ def _canonical_rows(
 ) -> StateRows:
     from deltalake import DeltaTable
 
-    relative = (manifest.canonical or {}).get("tables", {}).get(op.uid)
-    location = folder.child(relative or f"state/{op.uid}")
+    location = folder.child(op.table or f"state/{op.uid}")
     dataset = DeltaTable(
         location.uri, storage_options=location.storage_options()
     ).to_pyarrow_dataset()

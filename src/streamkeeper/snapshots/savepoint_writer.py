@@ -104,19 +104,6 @@ class SavepointWriter:
         savepoint_points.reached("savepoint_after_pin")
         return files
 
-    def non_state_files(self, savepoint_id: str, batch_id: int) -> list[CheckpointFile]:
-        """A canonical savepoint's offsets, commits, sources and metadata, copied."""
-        self.guard()
-        copier = SelfContainedCopy(self.store, self.directory, self.layout.savepoint(savepoint_id))
-        local = [
-            f
-            for f in scan_checkpoint(self.directory)
-            if in_savepoint(f.path, batch_id) and not f.path.startswith("state/")
-        ]
-        files = copier.copy([], local)
-        savepoint_points.reached("savepoint_after_pin")
-        return files
-
     def complete(self, manifest: SavepointManifest) -> None:
         """Write the manifest (the commit point), then mark the entry complete."""
         savepoint_points.reached("savepoint_before_manifest")

@@ -10,18 +10,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamkeeper.errors import IncompatibleSavepointError
-from streamkeeper.snapshots.savepoint_manifest import (
-    SavepointManifest,
-    StateOperatorInfo,
-    StateStoreInfo,
-)
+from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, StateOperatorInfo
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -46,9 +41,9 @@ _STATEFUL_NODE = re.compile(
 )
 
 
-def default_uid(name: str, operator_id: int) -> str:
-    """The uid of an operator the spec names none for."""
-    return f"{name}-{operator_id}"
+def default_uid(operator_id: int) -> str:
+    """The uid of an operator the spec names none for (canonical state's default too)."""
+    return f"op-{operator_id}"
 
 
 def read_operators(
@@ -67,25 +62,26 @@ def read_operators(
         by_id.setdefault(int(row["operatorId"]), []).append(row)
     operators = []
     for operator_id, stores in sorted(by_id.items()):
-        name = str(stores[0]["operatorName"])
+        names = sorted(str(s["stateStoreName"]) for s in stores)
+        key_schema, value_schema = _schemas(spark, directory, batch_id, operator_id, names[0])
         operators.append(
             StateOperatorInfo(
-                uid=uids.get(operator_id) or default_uid(name, operator_id),
+                uid=uids.get(operator_id) or default_uid(operator_id),
                 operator_id=operator_id,
-                name=name,
+                operator_name=str(stores[0]["operatorName"]),
+                store_names=names,
                 partitions=int(stores[0]["numPartitions"]),
-                stores=[
-                    _store_info(spark, directory, batch_id, operator_id, str(s["stateStoreName"]))
-                    for s in stores
-                ],
+                key_schema=key_schema,
+                value_schema=value_schema,
             )
         )
     return operators
 
 
-def _store_info(
+def _schemas(
     spark: SparkSession, directory: Path, batch_id: int, operator_id: int, store: str
-) -> StateStoreInfo:
+) -> tuple[str, str]:
+    """The store's key and value schemas (Spark's JSON), from the `statestore` reader."""
     schema = (
         spark.read.format("statestore")
         .option("operatorId", operator_id)
@@ -94,11 +90,7 @@ def _store_info(
         .load(str(directory))
         .schema
     )
-    return StateStoreInfo(
-        name=store,
-        key_schema=json.loads(schema["key"].dataType.json()),
-        value_schema=json.loads(schema["value"].dataType.json()),
-    )
+    return schema["key"].dataType.json(), schema["value"].dataType.json()
 
 
 @dataclass(frozen=True)
@@ -139,7 +131,7 @@ def check_topology(manifest: SavepointManifest, planned: list[PlannedOperator]) 
         "restore it with the code and spec it was taken with, or take a canonical savepoint "
         "(--format canonical), which restores into changed code and another partition count"
     )
-    saved = [(o.operator_id, o.name) for o in manifest.operators]
+    saved = [(o.operator_id, o.operator_name) for o in manifest.operators]
     now = [(o.operator_id, o.name) for o in planned]
     if saved != now:
         raise IncompatibleSavepointError(
@@ -155,15 +147,9 @@ def check_topology(manifest: SavepointManifest, planned: list[PlannedOperator]) 
                 f"(spark.shuffle_partitions): set spark.shuffle_partitions: "
                 f"{saved_op.partitions}, or {fix}"
             )
-        saved_keys = _key_names(saved_op)
+        saved_keys = saved_op.key_names() if len(saved_op.store_names) == 1 else None
         if saved_keys is not None and planned_op.keys and saved_keys != planned_op.keys:
             raise IncompatibleSavepointError(
                 f"operator {saved_op.uid!r} of savepoint {manifest.id!r} is keyed by "
                 f"{list(saved_keys)}; the job's query keys it by {list(planned_op.keys)}: {fix}"
             )
-
-
-def _key_names(operator: StateOperatorInfo) -> tuple[str, ...] | None:
-    if len(operator.stores) != 1:
-        return None  # a join's stores key by more than its columns
-    return tuple(f["name"] for f in operator.stores[0].key_schema.get("fields", []))
