@@ -22,6 +22,7 @@ from streamkeeper.state.schema import reshape
 from streamkeeper.state.spark_state import (
     DEFAULT_STORE,
     OperatorInfo,
+    canonically_named,
     read_operators,
     state_frame,
     state_types,
@@ -112,7 +113,7 @@ def _export_operator(
 
     frame = state_frame(spark, checkpoint_dir, batch_id, op.operator_id)
     key_type, value_type = state_types(frame)
-    rows = frame.select("key", "value").toArrow()
+    rows = canonically_named(frame).toArrow()
     table = pa.table(
         {
             "key": reshape(rows["key"], key_type, canonical=True),

@@ -170,6 +170,7 @@ def restore_canonical(
             assignments = _assign(spark, staging, new_uids, by_new_uid, warnings)
             not_restored = _left_out(by_new_uid, assignments, allow_non_restored_state, warnings)
             planned = [_plan(spark, staging, a, state_backend) for a in assignments]
+            warnings += [w for a in planned if a.plan for w in a.plan.warnings]
             for warning in warnings:
                 log.warning("restore: %s", warning)
             write_restored_positions(staging, positions, read_offsets_lines(staging, 0))

@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from streamkeeper.state.errors import StateSchemaError
+from streamkeeper.state.unsafe_row import NULL_TYPES
 
 SparkType = Any  # a type in Spark's schema JSON: "long", {"type": "struct", ...}, ...
 
@@ -95,7 +96,7 @@ def arrow_type(spark_type: SparkType, *, canonical: bool) -> pa.DataType:
                 for name, f in zip(names, spark_type["fields"], strict=True)
             ]
         )
-    if spark_type == "null" and canonical:
+    if isinstance(spark_type, str) and spark_type in NULL_TYPES and canonical:
         return pa.bool_()  # Delta has no null type
     from pyspark.sql.pandas.types import to_arrow_type
 
@@ -124,7 +125,7 @@ def reshape(array: pa.Array, spark_type: SparkType, *, canonical: bool) -> pa.Ar
         ]
         mask = array.is_null() if array.null_count else None
         return pa.StructArray.from_arrays(children, fields=list(target), mask=mask)
-    if spark_type == "null":
+    if isinstance(spark_type, str) and spark_type in NULL_TYPES:
         return pa.nulls(len(array), pa.bool_() if canonical else pa.null())
     target = arrow_type(spark_type, canonical=canonical)
     return array if array.type == target else array.cast(target)

@@ -109,6 +109,22 @@ def state_types(frame: DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
+def canonically_named(frame: DataFrame) -> DataFrame:
+    """`key` and `value` with repeated struct field names made unique (schema.py).
+
+    An aggregation buffer repeats names (`sum` of sum() and avg()), which Arrow refuses.
+    """
+    from pyspark.sql import functions as F
+
+    from streamkeeper.state.schema import spark_data_type, with_canonical_names
+
+    key_type, value_type = state_types(frame)
+    return frame.select(
+        F.col("key").cast(spark_data_type(with_canonical_names(key_type))).alias("key"),
+        F.col("value").cast(spark_data_type(with_canonical_names(value_type))).alias("value"),
+    )
+
+
 @contextmanager
 def session_conf(spark: SparkSession, values: dict[str, str | None]) -> Iterator[None]:
     """Set SQL confs for the duration of a block; restore what was there after."""

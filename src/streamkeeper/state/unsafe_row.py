@@ -30,6 +30,7 @@ _WORD = 8
 _MAX_LONG_DIGITS = 18  # decimals up to this precision are stored as an unscaled long
 _FIXED_INT = {"byte": np.uint8, "short": np.uint16, "integer": np.uint32, "date": np.uint32}
 _FIXED_LONG = {"long", "timestamp", "timestamp_ntz"}
+NULL_TYPES = {"void", "null"}  # Spark's NullType (named "void" since 3.x's JSON)
 
 
 @dataclass
@@ -137,7 +138,7 @@ def _copy_ragged(
 def _encode_field(array: pa.Array, spark_type: Any, name: str) -> _Field:
     rows = len(array)
     nulls = _nulls(array)
-    if spark_type == "null":
+    if isinstance(spark_type, str) and spark_type in NULL_TYPES:
         return _Field(np.zeros(rows, dtype=np.uint64), np.ones(rows, dtype=bool))
     if isinstance(spark_type, dict):
         if spark_type.get("type") != "struct":
