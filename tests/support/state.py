@@ -120,3 +120,28 @@ def state_store(spark: SparkSession, backend: str, partitions: int) -> Iterator[
 
 def completed_batches(checkpoint: Path) -> list[int]:
     return sorted(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+
+
+def write_manifest(
+    spark: SparkSession, folder: Any, operators: list, checkpoint: Path, batch: int
+) -> Any:
+    """A minimal canonical manifest for an exported savepoint (the lifecycle writes its own)."""
+    import time
+
+    from streamkeeper.state.format import CanonicalManifest, write_canonical_manifest
+    from streamkeeper.state.positions import read_source_positions
+
+    manifest = CanonicalManifest(
+        id=f"sp-{batch}",
+        job="test",
+        lineage="test",
+        batch_id=batch,
+        checkpoint_id=batch,
+        operators=operators,
+        source=read_source_positions(checkpoint, batch).to_manifest(),
+        sink_seqs={},
+        spark_version=spark.version,
+        created_at=time.time(),
+    )
+    write_canonical_manifest(folder, manifest)
+    return manifest

@@ -17,29 +17,27 @@ from typing import TYPE_CHECKING
 from streamkeeper.errors import CheckpointRestoreError
 from streamkeeper.state import deltas
 from streamkeeper.state.errors import OperatorUidError, UnsupportedOperatorError
-from streamkeeper.state.format import OperatorState, state_table_path
+from streamkeeper.state.format import OperatorState, state_table_path, state_variable_path
 from streamkeeper.state.schema import reshape
 from streamkeeper.state.spark_state import (
     DEFAULT_STORE,
     OperatorInfo,
     canonically_named,
     read_operators,
+    state_columns,
     state_frame,
     state_types,
 )
 from streamkeeper.storage import Location
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
 # Operators whose state is not one key -> value store the reader shows whole.
 _UNSUPPORTED = {
     "symmetricHashJoin": "a stream-stream join keeps four stores per side",
-    "transformWithStateExec": "transformWithState keeps one store per state variable",
-    "transformWithStateInPandasExec": "transformWithState keeps one store per state variable",
-    "transformWithStateInPySparkExec": "transformWithState keeps one store per state variable",
 }
 
 
@@ -91,7 +89,7 @@ def _check_exportable(operators: list[OperatorInfo], uids: Mapping[int, str]) ->
         raise OperatorUidError(f"uid(s) {repeated} are given to more than one operator")
     for op in operators:
         reason = _UNSUPPORTED.get(op.operator_name)
-        if reason is None and op.store_names != (DEFAULT_STORE,):
+        if reason is None and op.store_names != (DEFAULT_STORE,) and not op.is_transform_with_state:
             reason = f"it keeps several stores {list(op.store_names)}"
         if reason:
             raise UnsupportedOperatorError(
@@ -109,22 +107,13 @@ def _export_operator(
     uid: str,
     target: Location,
 ) -> OperatorState:
-    import pyarrow as pa
-
+    if op.is_transform_with_state:
+        return _export_state_variables(spark, checkpoint_dir, batch_id, op, uid, target)
     frame = state_frame(spark, checkpoint_dir, batch_id, op.operator_id)
     key_type, value_type = state_types(frame)
-    rows = canonically_named(frame).toArrow()
-    table = pa.table(
-        {
-            "key": reshape(rows["key"], key_type, canonical=True),
-            "value": reshape(rows["value"], value_type, canonical=True),
-        }
-    )
     relative = state_table_path(uid)
-    size = deltas.overwrite(target.child(relative), table)
-    log.info(
-        "exported operator %s (%s): %d rows, %d bytes", uid, op.operator_name, len(table), size
-    )
+    rows, size = _write_frame(frame, target.child(relative))
+    log.info("exported %s (%s): %d rows, %d bytes", uid, op.operator_name, rows, size)
     return OperatorState(
         uid=uid,
         operator_id=op.operator_id,
@@ -134,8 +123,55 @@ def _export_operator(
         key_schema=_json(key_type),
         value_schema=_json(value_type),
         table=relative,
-        rows=table.num_rows,
+        rows=rows,
         bytes=size,
+    )
+
+
+def _write_frame(frame: DataFrame, location: Location) -> tuple[int, int]:
+    """A state frame's rows (canonical form) as the Delta table at `location`."""
+    import pyarrow as pa
+
+    columns = state_columns(frame)
+    rows = canonically_named(frame).toArrow()
+    table = pa.table(
+        {name: reshape(rows[name], kind, canonical=True) for name, kind in columns.items()}
+    )
+    return table.num_rows, deltas.overwrite(location, table)
+
+
+def _export_state_variables(
+    spark: SparkSession,
+    checkpoint_dir: Path,
+    batch_id: int,
+    op: OperatorInfo,
+    uid: str,
+    target: Location,
+) -> OperatorState:
+    """transformWithState: one table per state variable, `state/{uid}/{variable}`."""
+    variables, key_type, total_rows, total_bytes = [], None, 0, 0
+    for variable in op.state_variables():
+        name = variable["stateName"]
+        frame = state_frame(spark, checkpoint_dir, batch_id, op.operator_id, state_variable=name)
+        columns = state_columns(frame)
+        key_type = columns.pop("key")
+        rows, size = _write_frame(frame, target.child(state_variable_path(uid, name)))
+        variables.append(
+            {"name": name, "type": variable["stateVariableType"], "columns": columns, "rows": rows}
+        )
+        total_rows, total_bytes = total_rows + rows, total_bytes + size
+    log.info("exported %s (%s): %d state variables", uid, op.operator_name, len(variables))
+    return OperatorState(
+        uid=uid,
+        operator_id=op.operator_id,
+        operator_name=op.operator_name,
+        store_names=[v["name"] for v in variables],
+        partitions=op.partitions,
+        key_schema=_json(key_type or {"type": "struct", "fields": []}),
+        value_schema=_json({"stateVariables": variables}),
+        table=state_table_path(uid),
+        rows=total_rows,
+        bytes=total_bytes,
     )
 
 

@@ -4,6 +4,9 @@ A canonical savepoint folder holds
 
     manifest.json            what the savepoint is (`CanonicalManifest`)
     state/{uid}/             one Delta table per stateful operator: columns `key`, `value`
+    state/{uid}/{variable}/  transformWithState: one table per state variable, with `key`
+                             and `value` (ValueState), `list_element` (ListState, a row
+                             per element) or `user_map_key`, `user_map_value` (MapState)
 
 Rows are the operator's state at one completed batch, as Spark's `statestore` reader
 shows them (`key` and `value` structs), independent of the state store (HDFS-backed or
@@ -37,6 +40,11 @@ def state_table_path(uid: str) -> str:
     return f"{STATE_FOLDER}/{uid}"
 
 
+def state_variable_path(uid: str, variable: str) -> str:
+    """transformWithState: one table per state variable, below the operator's folder."""
+    return f"{STATE_FOLDER}/{uid}/{variable}"
+
+
 @dataclass(frozen=True)
 class OperatorState:
     """One stateful operator's state in a canonical savepoint."""
@@ -44,10 +52,12 @@ class OperatorState:
     uid: str
     operator_id: int
     operator_name: str  # Spark's name: stateStoreSave, dedupe, dedupeWithinWatermark, ...
-    store_names: list[str]
+    store_names: list[str]  # transformWithState: its state variables
     partitions: int  # state partitions when exported (informative: a restore rescales)
     key_schema: str  # Spark's schema JSON of the key struct
-    value_schema: str  # Spark's schema JSON of the value struct
+    # Spark's schema JSON of the value struct; transformWithState: {"stateVariables":
+    # [{"name", "type" (ValueState, ListState, MapState), "columns": {name: schema}, "rows"}]}
+    value_schema: str
     table: str  # the Delta table, relative to the savepoint folder
     rows: int
     bytes: int  # of the table's data files
@@ -57,6 +67,14 @@ class OperatorState:
 
     def value_type(self) -> dict[str, Any]:
         return json.loads(self.value_schema)
+
+    @property
+    def is_transform_with_state(self) -> bool:
+        return self.operator_name.startswith("transformWithState")
+
+    def state_variables(self) -> list[dict[str, Any]]:
+        """transformWithState's variables as exported (empty for other operators)."""
+        return self.value_type().get("stateVariables", []) if self.is_transform_with_state else []
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

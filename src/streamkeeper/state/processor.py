@@ -36,15 +36,18 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from streamkeeper.state import deltas
-from streamkeeper.state.errors import StateSchemaError
+from streamkeeper.state.errors import CanonicalManifestError, StateSchemaError
 from streamkeeper.state.format import (
     CanonicalManifest,
     OperatorState,
     read_canonical_manifest,
     state_table_path,
+    state_variable_path,
     write_canonical_manifest,
 )
 from streamkeeper.state.schema import reshape, with_canonical_names
@@ -54,7 +57,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["read_state", "state_uids", "write_state"]
+__all__ = ["initial_state", "read_state", "restoring", "state_uids", "write_state"]
 
 READ_BATCH_ROWS = 65_536
 BOOTSTRAP_OPERATOR = "bootstrap"  # operator name of state written without a based_on
@@ -70,47 +73,66 @@ def read_state(
     savepoint_location: Location,
     uid: str,
     *,
+    state_variable: str | None = None,
     manifest: CanonicalManifest | None = None,
 ) -> DataFrame:
     """One operator's state in a canonical savepoint: a DataFrame of `key`, `value`.
 
+    A transformWithState operator keeps one table per state variable: name it with
+    `state_variable`; its columns are `key` and `value` (ValueState), `list_element`
+    (ListState) or `user_map_key` and `user_map_value` (MapState).
+
     Read by the executors (local files or S3), so it scales with the state.
 
     Raises:
-        CanonicalManifestError: no savepoint there, or it has no such uid (the error
-            lists the uids it has).
+        CanonicalManifestError: no savepoint there, or it has no such uid or state
+            variable (the error lists those it has).
     """
     from pyspark.sql.types import StructType
 
     manifest = manifest or read_canonical_manifest(savepoint_location)
     op = manifest.operator(uid)
-    key_type = with_canonical_names(op.key_type())
-    value_type = with_canonical_names(op.value_type())
+    columns = {"key": op.key_type()}
+    relative = op.table
+    if op.is_transform_with_state:
+        variable = _variable(op, state_variable)
+        columns.update(variable["columns"])
+        relative = state_variable_path(uid, variable["name"])
+    columns = {name: with_canonical_names(kind) for name, kind in columns.items()}
     schema = StructType.fromJson(
         {
             "type": "struct",
             "fields": [
-                {"name": "key", "type": key_type, "nullable": True, "metadata": {}},
-                {"name": "value", "type": value_type, "nullable": True, "metadata": {}},
+                {"name": name, "type": kind, "nullable": True, "metadata": {}}
+                for name, kind in columns.items()
             ],
         }
     )
-    table = savepoint_location.child(op.table)
+    table = savepoint_location.child(relative)
     files = deltas.data_files(table)
     if not files:
         return spark.createDataFrame([], schema)
     paths = spark.createDataFrame([(path,) for path in files], "path string")
-    reader = _TableReader(table, key_type, value_type)
-    return paths.repartition(len(files)).mapInArrow(reader, schema)
+    return paths.repartition(len(files)).mapInArrow(_TableReader(table, columns), schema)
+
+
+def _variable(op: OperatorState, name: str | None) -> dict[str, Any]:
+    variables = op.state_variables()
+    for variable in variables:
+        if variable["name"] == name:
+            return variable
+    raise CanonicalManifestError(
+        f"operator {op.uid!r} ({op.operator_name}) keeps its state per state variable; pass "
+        f"state_variable= one of {[v['name'] for v in variables]} (got {name!r})"
+    )
 
 
 class _TableReader:
     """Executor side: a savepoint table's Parquet files as Spark-typed batches."""
 
-    def __init__(self, location: Location, key_type: dict, value_type: dict) -> None:
+    def __init__(self, location: Location, columns: dict[str, Any]) -> None:
         self.location = location
-        self.key_type = key_type
-        self.value_type = value_type
+        self.columns = columns
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -123,11 +145,55 @@ class _TableReader:
                     for rows in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS):
                         yield pa.RecordBatch.from_arrays(
                             [
-                                reshape(rows.column("key"), self.key_type, canonical=False),
-                                reshape(rows.column("value"), self.value_type, canonical=False),
+                                reshape(rows.column(name), kind, canonical=False)
+                                for name, kind in self.columns.items()
                             ],
-                            names=["key", "value"],
+                            names=list(self.columns),
                         )
+
+
+_RESTORING: ContextVar[Location | None] = ContextVar("streamkeeper_restoring", default=None)
+
+
+@contextmanager
+def restoring(savepoint_location: Location) -> Iterator[None]:
+    """Mark the building of a job's output as part of a restore from this savepoint.
+
+    transformWithState takes its restored state as `initialState`, which the job's own
+    code passes when it builds its output: inside this block `initial_state` returns
+    the savepoint's rows; outside it, None (a normal start). The restore's caller
+    wraps the building of the new output in it.
+    """
+    token = _RESTORING.set(savepoint_location)
+    try:
+        yield
+    finally:
+        _RESTORING.reset(token)
+
+
+def initial_state(spark: SparkSession, uid: str, state_variable: str) -> DataFrame | None:
+    """The state to start transformWithState `uid` from, while a restore builds it.
+
+    Returns the savepoint's rows of that state variable with the key's and the
+    variable's fields as columns (for `.groupBy(<key columns>)`, then
+    `transformWithStateInPandas(..., initialState=...)`), or None when the job is not
+    being restored (start without initialState then)::
+
+        seed = initial_state(events.sparkSession, "counter", "count")
+        grouped = events.groupBy("key")
+        if seed is None:
+            return grouped.transformWithStateInPandas(Counter(), schema, "Update", "None")
+        return grouped.transformWithStateInPandas(
+            Counter(), schema, "Update", "None", initialState=seed.groupBy("key")
+        )
+
+    The processor's `handleInitialState` sets its state variables from these rows.
+    """
+    savepoint = _RESTORING.get()
+    if savepoint is None:
+        return None
+    frame = read_state(spark, savepoint, uid, state_variable=state_variable)
+    return frame.select(*(f"{column}.*" for column in frame.columns))
 
 
 def write_state(
@@ -162,6 +228,11 @@ def write_state(
     operators = []
     known = {op.uid: op for op in based_on.operators} if based_on else {}
     for position, (uid, frame) in enumerate(states.items()):
+        if uid in known and known[uid].is_transform_with_state:
+            raise StateSchemaError(
+                f"uid {uid!r} is a transformWithState operator, whose state write_state does "
+                "not rewrite; change it in the processor's handleInitialState when restoring"
+            )
         key_type, value_type = _frame_types(uid, frame)
         rows = frame.select("key", "value").toArrow()
         table = pa.table(

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 from streamkeeper.errors import CheckpointRestoreError
 from streamkeeper.runtime.session import CHANGELOG_KEY, HDFS_PROVIDER, ROCKSDB_PROVIDER
 from streamkeeper.spec import StateBackendSpec
-from streamkeeper.state import deltas
+from streamkeeper.state import deltas, tws
 from streamkeeper.state.bootstrap import run_bootstrap
-from streamkeeper.state.errors import OperatorUidError, UnsupportedOperatorError
+from streamkeeper.state.errors import OperatorUidError, StateSchemaError
 from streamkeeper.state.format import OperatorState
 from streamkeeper.state.positions import (
     SourcePositions,
@@ -42,6 +42,7 @@ from streamkeeper.state.positions import (
     read_offsets_lines,
     write_restored_commit,
     write_restored_positions,
+    write_text_atomically,
 )
 from streamkeeper.state.schema import ValuePlan, check_compatible
 from streamkeeper.state.spark_state import (
@@ -94,7 +95,9 @@ class RestoreReport:
     operators: list[RestoredOperator]
     not_restored: list[str]  # savepoint uids without an operator (allow_non_restored_state)
     warnings: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # in all
+    bootstrap_seconds: float = 0.0  # Spark's batch 0 over the empty input
+    state_seconds: float = 0.0  # reading, converting and writing the state
 
     @property
     def rows(self) -> int:
@@ -159,12 +162,14 @@ def restore_canonical(
     positions = SourcePositions.from_manifest(source_offsets, source_log)
     by_new_uid = _match_uids(operators, uid_mapping or {})
     warnings: list[str] = []
+    tws.refuse_without_column_families(new_output, state_backend.type)
     work = checkpoint_dir.parent / f".{checkpoint_dir.name}.restore-{uuid.uuid4().hex[:8]}"
     staging = work / "checkpoint"
     work.mkdir(parents=True)
     try:
         with session_conf(spark, _restore_conf(state_backend, shuffle_partitions)):
             kinds = run_bootstrap(spark, new_output, staging, output_mode, work)
+            bootstrapped = time.monotonic()
             positions = check_sources(positions, kinds)
             _check_pinned_confs(staging)
             assignments = _assign(spark, staging, new_uids, by_new_uid, warnings)
@@ -174,7 +179,9 @@ def restore_canonical(
             for warning in warnings:
                 log.warning("restore: %s", warning)
             write_restored_positions(staging, positions, read_offsets_lines(staging, 0))
+            writing = time.monotonic()
             _write_state(spark, staging, planned, savepoint_location, state_backend)
+            written = time.monotonic()
             write_restored_commit(staging, positions)
         _move_into_place(staging, checkpoint_dir)
     finally:
@@ -197,6 +204,8 @@ def restore_canonical(
         not_restored=not_restored,
         warnings=warnings,
         seconds=time.monotonic() - started,
+        bootstrap_seconds=bootstrapped - started,
+        state_seconds=written - writing,
     )
     log.info(
         "restored %d rows of %d operator(s) into %s (%d partitions, %s) in %.1fs",
@@ -279,13 +288,14 @@ def _assign(
     uids = resolve_uids(new_uids, new_operators)
     assignments = []
     for op in new_operators:
-        if op.operator_name.startswith("transformWithState"):
-            raise UnsupportedOperatorError(
-                f"operator {uids[op.operator_id]!r} ({op.operator_name}) keeps its state per "
-                "state variable; restore it through transformWithState's initialState "
-                "(RocksDB only) from streamkeeper.state.processor.read_state"
-            )
         old = by_new_uid.get(uids[op.operator_id])
+        if old is not None and old.is_transform_with_state != op.is_transform_with_state:
+            raise StateSchemaError(
+                f"operator {uids[op.operator_id]!r} is {old.operator_name} in the savepoint but "
+                f"{op.operator_name} in the new job; a uid's state restores into the same kind "
+                "of operator: map the uid to another operator (uid_mapping) or drop its state "
+                "(allow_non_restored_state)"
+            )
         if old is None:
             warnings.append(
                 f"operator {uids[op.operator_id]!r} ({op.describe()}) has no state in the "
@@ -324,6 +334,10 @@ def _plan(
     spark: SparkSession, staging: Path, assignment: _Assignment, backend: StateBackendSpec
 ) -> _Assignment:
     """Check the operator's state schema (old -> new) and prepare its writing."""
+    if assignment.new.is_transform_with_state:
+        if assignment.old is not None:
+            tws.check_restored(spark, staging, assignment.uid, assignment.old, assignment.new)
+        return assignment
     frame = state_frame(spark, staging, 0, assignment.new.operator_id)
     key_type, value_type = state_types(frame)
     raw = (
@@ -354,7 +368,7 @@ def _write_state(
 ) -> None:
     frames = {}
     for a in planned:
-        if a.old is None:
+        if a.old is None or a.new.is_transform_with_state:  # the latter: via initialState
             continue
         table = savepoint.child(a.old.table)
         frames[a.new.operator_id] = canonical_state_frame(
@@ -377,6 +391,17 @@ def _write_state(
 
 
 def _move_into_place(staging: Path, checkpoint_dir: Path) -> None:
+    """Make the finished checkpoint visible in one rename.
+
+    Operator metadata v2 (transformWithState) names its schema files by absolute path;
+    those are rewritten for the checkpoint's final place first.
+    """
+    for metadata in staging.glob("state/*/_metadata/v2/*"):
+        if metadata.name.startswith("."):
+            continue
+        text = metadata.read_text()
+        if str(staging) in text:
+            write_text_atomically(metadata, text.replace(str(staging), str(checkpoint_dir)))
     checkpoint_dir.parent.mkdir(parents=True, exist_ok=True)
     if checkpoint_dir.exists():
         checkpoint_dir.rmdir()  # empty, checked at the start

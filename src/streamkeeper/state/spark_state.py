@@ -33,9 +33,18 @@ class OperatorInfo:
     operator_name: str
     store_names: tuple[str, ...]
     partitions: int
+    properties: str | None = None  # JSON; transformWithState lists its state variables
 
     def describe(self) -> str:
         return f"{self.operator_id} ({self.operator_name})"
+
+    @property
+    def is_transform_with_state(self) -> bool:
+        return self.operator_name.startswith("transformWithState")
+
+    def state_variables(self) -> list[dict[str, Any]]:
+        """transformWithState's variables: [{"stateName", "stateVariableType", ...}]."""
+        return json.loads(self.properties or "{}").get("stateVariables", [])
 
 
 def ensure_state_coordinator(spark: SparkSession) -> None:
@@ -65,11 +74,19 @@ def read_operators(spark: SparkSession, checkpoint_dir: Path | str) -> list[Oper
     stores: dict[int, dict[str, Any]] = {}
     for row in rows:
         entry = stores.setdefault(
-            row.operatorId, {"name": row.operatorName, "stores": [], "parts": row.numPartitions}
+            row.operatorId,
+            {
+                "name": row.operatorName,
+                "stores": [],
+                "parts": row.numPartitions,
+                "properties": row.operatorProperties,
+            },
         )
         entry["stores"].append(row.stateStoreName)
     return [
-        OperatorInfo(op, entry["name"], tuple(sorted(entry["stores"])), entry["parts"])
+        OperatorInfo(
+            op, entry["name"], tuple(sorted(entry["stores"])), entry["parts"], entry["properties"]
+        )
         for op, entry in sorted(stores.items())
     ]
 
@@ -82,11 +99,14 @@ def state_frame(
     store_name: str = DEFAULT_STORE,
     *,
     raw: bool = False,
+    state_variable: str | None = None,
 ) -> DataFrame:
     """An operator's state after batch `batch_id`: `key`, `value`, `partition_id`.
 
     With `raw`, Spark's internal form instead: `partition_key`, `key_bytes`,
-    `value_bytes`, `column_family_name` (RocksDB only).
+    `value_bytes`, `column_family_name` (RocksDB only). A transformWithState variable
+    reads as `key` and `value` (ValueState), `list_element` (ListState, one row per
+    element) or `user_map_key` and `user_map_value` (MapState, one row per entry).
     """
     ensure_state_coordinator(spark)
     reader = (
@@ -97,6 +117,8 @@ def state_frame(
     )
     if raw:
         reader = reader.option(RAW_OPTION, "true")
+    if state_variable is not None:
+        reader = reader.option("stateVarName", state_variable)
     return reader.load(str(checkpoint_dir))
 
 
@@ -110,7 +132,7 @@ def state_types(frame: DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def canonically_named(frame: DataFrame) -> DataFrame:
-    """`key` and `value` with repeated struct field names made unique (schema.py).
+    """The state's columns (not `partition_id`), struct field names made unique.
 
     An aggregation buffer repeats names (`sum` of sum() and avg()), which Arrow refuses.
     """
@@ -118,11 +140,21 @@ def canonically_named(frame: DataFrame) -> DataFrame:
 
     from streamkeeper.state.schema import spark_data_type, with_canonical_names
 
-    key_type, value_type = state_types(frame)
     return frame.select(
-        F.col("key").cast(spark_data_type(with_canonical_names(key_type))).alias("key"),
-        F.col("value").cast(spark_data_type(with_canonical_names(value_type))).alias("value"),
+        *(
+            F.col(name).cast(spark_data_type(with_canonical_names(kind))).alias(name)
+            for name, kind in state_columns(frame).items()
+        )
     )
+
+
+def state_columns(frame: DataFrame) -> dict[str, Any]:
+    """name -> Spark type JSON of a state frame's columns, `partition_id` left out."""
+    return {
+        field.name: json.loads(field.dataType.json())
+        for field in frame.schema.fields
+        if field.name != "partition_id"
+    }
 
 
 @contextmanager

@@ -6,8 +6,13 @@ Every job reads events `event_id BIGINT, key STRING, value BIGINT` (the sample j
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import LongType, StructField, StructType
 
 EPOCH = 1_700_000_000
 
@@ -71,3 +76,40 @@ def unique_events_tagged(events: DataFrame) -> DataFrame:
 def only_dedup(events: DataFrame) -> DataFrame:
     """unique_totals without its aggregation: the totals state has no operator."""
     return events.dropDuplicates(["event_id"]).select("event_id", "key", "value")
+
+
+class EventCounter(StatefulProcessor):
+    """transformWithStateInPandas: events per key in a ValueState `count`."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.count = handle.getValueState("count", StructType([StructField("n", LongType())]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        n = self.count.get()[0] if self.count.exists() else 0
+        for frame in rows:
+            n += len(frame)
+        self.count.update((n,))
+        yield pd.DataFrame({"key": [key[0]], "n": [n]})
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
+        self.count.update((int(initialState["n"].iloc[0]),))
+
+    def close(self) -> None:
+        pass
+
+
+def counted(events: DataFrame) -> DataFrame:
+    """Events per key with transformWithState; restored through its initialState."""
+    from streamkeeper.state.processor import initial_state
+
+    grouped = events.groupBy("key")
+    seed = initial_state(events.sparkSession, "counter", "count")
+    if seed is None:
+        return grouped.transformWithStateInPandas(
+            EventCounter(), "key string, n long", "Update", "None"
+        )
+    return grouped.transformWithStateInPandas(
+        EventCounter(), "key string, n long", "Update", "None", initialState=seed.groupBy("key")
+    )
