@@ -226,6 +226,65 @@ class StateBackendSpec(_Strict):
         return self
 
 
+UID_PATTERN = r"^[a-z0-9_-]{1,64}$"
+
+
+class OperatorUidSpec(_Strict):
+    """A stateful operator's stable name (Flink's uid), by Spark's operator id.
+
+    Without `operator_id` the operator is the one at this item's position in the list
+    (Spark numbers a query's stateful operators 0, 1, ... in plan order).
+    """
+
+    uid: str
+    operator_id: Annotated[int | None, Field(ge=0)] = None
+
+    @field_validator("uid")
+    @classmethod
+    def _uid_form(cls, value: str) -> str:
+        if not re.match(UID_PATTERN, value):
+            raise ValueError(
+                f"uid {value!r} must be 1 to 64 characters of a-z, 0-9, '_' and '-', "
+                "e.g. 'totals' or 'dedup-events'"
+            )
+        return value
+
+
+class StateSpec(_Strict):
+    """The job's stateful operators, for savepoints and restore by uid."""
+
+    operators: list[OperatorUidSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> StateSpec:
+        uids = [op.uid for op in self.operators]
+        repeated = sorted({u for u in uids if uids.count(u) > 1})
+        if repeated:
+            raise ValueError(
+                f"state.operators: uid(s) {repeated} appear more than once; give each "
+                "stateful operator its own uid"
+            )
+        ids = self._operator_ids()
+        repeated_ids = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated_ids:
+            raise ValueError(
+                f"state.operators: operator_id {repeated_ids} is named by more than one entry "
+                "(an entry without operator_id takes its position in the list); give each "
+                "entry its own operator_id"
+            )
+        return self
+
+    def _operator_ids(self) -> list[int]:
+        return [
+            position if op.operator_id is None else op.operator_id
+            for position, op in enumerate(self.operators)
+        ]
+
+    def operator_uids(self) -> dict[int, str]:
+        """operator id -> uid; an entry without operator_id takes its position."""
+        return {i: op.uid for i, op in zip(self._operator_ids(), self.operators, strict=True)}
+
+
 class SparkSpec(_Strict):
     """Spark session settings for the job's driver."""
 
@@ -248,6 +307,8 @@ class JobSpec(_Strict):
     savepoints: SavepointsSpec = Field(default_factory=SavepointsSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     spark: SparkSpec = Field(default_factory=SparkSpec)
+    # Operator uids for savepoints; without it operators get the uids op-0, op-1, ...
+    state: StateSpec | None = None
 
     @property
     def lineage_id(self) -> str:
