@@ -36,7 +36,7 @@ TAKEOVERS = int(os.environ.get("STREAMKEEPER_CHAOS_TAKEOVERS", "10"))
 class Feeder(threading.Thread):
     """Writes a new event file every `period` seconds until stopped."""
 
-    def __init__(self, directory: Path, period: float = 0.7) -> None:
+    def __init__(self, directory: Path, period: float = 1.5) -> None:
         super().__init__(daemon=True)
         self.directory = directory
         self.period = period
@@ -129,7 +129,7 @@ def test_repeated_takeovers_keep_the_output_exact(tmp_path: Path) -> None:
             rows = job.table_rows("totals")
             return {r["key"]: (r["events"], r["total"]) for r in rows} == expected
 
-        _wait(caught_up, 300, "the last runner to process every file")
+        _wait(caught_up, 600, "the last runner to process every file")
         last, last_log = runners[-1]
         last.send_signal(signal.SIGTERM)
         assert last.wait(timeout=120) == 0, last_log.read_text()[-3000:]
