@@ -105,8 +105,12 @@ def test_local_store_list_is_sorted_and_prefix_scoped(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     for key in ["m/10.json", "m/02.json", "m/sub/01.json", "mm/01.json", "other.json"]:
         store.write_json(key, {})
-    (tmp_path / "m" / ".hidden.tmp").write_text("{}")
+    (tmp_path / "m" / ".hidden.tmp").write_text("{}")  # a write in progress
+    (tmp_path / "m" / ".02.json.lock").write_text("")
     assert store.list("m") == ["m/02.json", "m/10.json", "m/sub/01.json"]
+    # Other names starting with a dot are keys (Spark's checksums in a savepoint).
+    (tmp_path / "m" / ".1.delta.crc").write_text("{}")
+    assert store.list("m")[0] == "m/.1.delta.crc"
     assert store.list("missing") == []
 
 

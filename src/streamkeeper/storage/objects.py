@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,7 +178,7 @@ class LocalStore(ObjectStore):
         keys = sorted(
             base + p.relative_to(folder).as_posix()
             for p in folder.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
+            if p.is_file() and not _internal(p.name)
         )
         if start_after is not None:
             keys = keys[bisect.bisect_right(keys, start_after) :]
@@ -339,3 +340,13 @@ _PRECONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412
 def _error_code(error: Exception) -> str:
     response = getattr(error, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
+
+
+_INTERNAL = re.compile(r"^\..+\.(?:tmp|lock)$")
+
+
+def _internal(name: str) -> bool:
+    """A local store's own file: a write in progress (`.name.uuid.tmp`) or a lock
+    (`.name.lock`). Other names starting with a dot are keys like any other (Spark's
+    `.1.delta.crc` in a self-contained savepoint), as they are on S3."""
+    return _INTERNAL.match(name) is not None
