@@ -10,6 +10,7 @@ import json
 import os
 import random
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 JOB = "keyed-totals"
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 STOPS = int(os.environ.get("STREAMKEEPER_SAVEPOINT_STOPS", "10"))
-JOBS_DIR = Path(__file__).parent / "jobs"
 
 
 def _spec(tmp_path: Path, root: str, checkpoint: str, **overrides: object) -> JobSpec:
@@ -159,7 +159,8 @@ def test_a_savepoint_under_steady_traffic_then_a_restore_into_a_fresh_directory(
     assert covered >= 3
 
     shutil.rmtree(tmp_path / "ck-1")
-    second = _spec(tmp_path, root, "ck-2")
+    # The backlog the feeder left is caught up with in larger batches.
+    second = _spec(tmp_path, root, "ck-2", **{"source.options.maxFilesPerTrigger": 20})
     run = _start(second, from_savepoint=chosen, allow_rewind=True)
     files = feeder.stop()
     try:
@@ -260,11 +261,14 @@ def _refuses_another_topology(tmp_path: Path, root: str, savepoint_id: str) -> N
     epochs = sorted((tmp_path / "data" / "lineages" / JOB / "epochs").iterdir())
     for overrides, message in [
         ({"spark.shuffle_partitions": 3}, "in 2 partitions; the spec asks for 3"),
-        ({"transform": str(JOBS_DIR / "by_value.py") + ":build"}, "keyed by ['key']"),
+        ({"transform": "tests.integration.jobs.by_value:build"}, "keyed by ['key']"),
     ]:
         spec = _spec(tmp_path, root, "ck-other", **overrides)
         with pytest.raises(IncompatibleSavepointError, match=message):
-            run_job(spec, RunOptions(spec_dir=SAMPLE_SPEC.parent, from_savepoint=savepoint_id))
+            options = RunOptions(
+                spec_dir=SAMPLE_SPEC.parent, from_savepoint=savepoint_id, allow_rewind=True
+            )
+            run_job(spec, options)
     assert sorted((tmp_path / "data" / "lineages" / JOB / "epochs").iterdir()) == epochs
     assert not (tmp_path / "ck-other").exists()
 
@@ -285,8 +289,66 @@ def test_state_cli_prints_a_native_savepoints_rows(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, command)  # type: ignore[list-item]
     assert shown.exit_code == 0, shown.output
     (operator,) = json.loads(shown.output)
-    assert operator["uid"] == "stateStoreSave-0"
+    assert operator["uid"] == "op-0"
     (row,) = operator["rows"]
     assert (row["value"]["count"], row["value"]["sum"]) == totals[key]
     listed = CliRunner().invoke(app, ["savepoints", JOB, "--root", root, "--json"])
     assert json.loads(listed.output)["savepoints"][0]["id"] == result.savepoint_id
+
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+@pytest.mark.parametrize(("backend", "partitions"), [("hdfs", 3), ("rocksdb", 7)])
+def test_a_canonical_stop_savepoint_restores_into_changed_code_on_other_partitions(
+    tmp_path: Path, backend: str, partitions: int
+) -> None:
+    """Stop with a canonical savepoint on 4 partitions; the job comes back with an added
+    output column, on 3 or 7 partitions, into new tables: the state carried over exactly."""
+    files = write_event_files(tmp_path / "events", files=3, events_per_file=300)
+    root = str(tmp_path / "data")
+    client = StreamkeeperClient(root)
+    store = {
+        "state_backend.type": backend,
+        "spark.conf.spark.sql.streaming.stateStore.providerClass": (
+            HDFS_PROVIDER if backend == "hdfs" else ROCKSDB_PROVIDER
+        ),
+    }
+    old = _spec(tmp_path, root, "ck-old", **{"spark.shuffle_partitions": 4, **store})
+    run = _start(old)
+    wait_for(lambda: _head_seq(client) >= 2, 300, "the three files committed")
+    stop = client.send_command(JOB, "stop", format="canonical")
+    result = client.wait_for_result(JOB, stop.id, timeout=300)
+    run.finish()
+    assert result.ok and result.savepoint_id is not None, result
+    manifest = client.describe_savepoint(result.savepoint_id).manifest
+    assert manifest is not None and manifest.format == "canonical"
+    assert [(op.uid, op.partitions) for op in manifest.operators] == [("op-0", 4)]
+
+    files += write_event_files(tmp_path / "events", files=3, events_per_file=300, first_file=3)
+    new = _spec(
+        tmp_path,
+        root,
+        "ck-new",
+        **{
+            "spark.shuffle_partitions": partitions,
+            "transform": "tests.integration.jobs.totals_with_mean:build",
+            "sinks.0.table": "tables/totals_with_mean",
+            "sinks.1.table": "tables/changes_with_mean",
+            **store,
+        },
+    )
+    options = RunOptions(
+        spec_dir=SAMPLE_SPEC.parent, available_now=True, from_savepoint=result.savepoint_id
+    )
+    assert run_job(new, options).batches == 3
+
+    totals, all_changes = expected_results(files)
+    _, old_changes = expected_results(files[:3])
+    touched = {key for key, *_ in expected_results(files[3:])[1]}
+    rows = _rows(new, "totals")
+    assert {r["key"] for r in rows} == touched
+    assert {r["key"]: (r["events"], r["total"]) for r in rows} == {k: totals[k] for k in touched}
+    assert all(r["mean"] == r["total"] / r["events"] for r in rows)
+    new_changes = Counter(all_changes) - Counter(old_changes)
+    assert sorted(_changes(new)) == sorted(new_changes.elements())

@@ -109,16 +109,16 @@ def _native_rows(
         found = []
         for op in operators:
             rows: list[dict[str, Any]] = []
-            for store in op.stores:
+            fields = json.loads(op.key_schema).get("fields", [])
+            for store_name in op.store_names:
                 frame = (
                     spark.read.format("statestore")
                     .option("operatorId", op.operator_id)
-                    .option("storeName", store.name)
+                    .option("storeName", store_name)
                     .option("batchId", manifest.batch_id)
                     .load(str(directory))
                 )
-                if key is not None:
-                    fields = store.key_schema.get("fields", [])
+                if key is not None:  # the key schema is the first store's (most have one)
                     text = (
                         F.col("key").getField(fields[0]["name"]).cast("string")
                         if len(fields) == 1
@@ -126,7 +126,7 @@ def _native_rows(
                     )
                     frame = frame.where(text == key)
                 for row in frame.limit(limit - len(rows)).collect():
-                    rows.append({"store": store.name, **row.asDict(recursive=True)})
+                    rows.append({"store": store_name, **row.asDict(recursive=True)})
                 if len(rows) >= limit:
                     break
             found.append(StateRows(manifest.id, op.uid, rows))
