@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,6 +78,10 @@ class ObjectStore:
 
     def delete(self, keys: list[str]) -> None:
         raise NotImplementedError
+
+    def delete_folder(self, prefix: str) -> None:
+        """Delete every object below `prefix`, and whatever unfinished writes left there."""
+        self.delete(self.list(prefix))
 
 
 def _tag(body: bytes) -> str:
@@ -202,6 +207,13 @@ class LocalStore(ObjectStore):
     def delete(self, keys: list[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
+
+    def delete_folder(self, prefix: str) -> None:
+        """Also the temp files of writes a crash interrupted, and the folders."""
+        if not prefix.strip("/"):
+            raise ValueError("delete_folder needs a folder below the root, not the root")
+        self.delete(self.list(prefix))
+        shutil.rmtree(self._path(prefix), ignore_errors=True)
 
 
 class S3Store(ObjectStore):
