@@ -1,8 +1,9 @@
 """Savepoints of a running job with real Spark, local storage and SeaweedFS: taken under
 steady traffic (the state, the source offsets and each table agree), a command sent
 twice runs once, a restore into a fresh checkpoint directory is exact, stop-with-savepoint
-at random instants keeps the output exact and the next start continues exactly, and a
-savepoint of another topology is refused."""
+at random instants keeps the output exact and the next start continues exactly, a
+savepoint of another topology is refused, and a canonical stop-with-savepoint restores
+into changed code on another partition count (4 -> 3, 4 -> 7), exactly."""
 
 from __future__ import annotations
 
