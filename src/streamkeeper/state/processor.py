@@ -98,6 +98,8 @@ def read_state(
         variable = _variable(op, state_variable)
         columns.update(variable["columns"])
         relative = state_variable_path(uid, variable["name"])
+    else:
+        columns["value"] = op.value_type()
     columns = {name: with_canonical_names(kind) for name, kind in columns.items()}
     schema = StructType.fromJson(
         {
