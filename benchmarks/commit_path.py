@@ -1,6 +1,6 @@
 """The commit path's cost per batch, and a start's recovery cost, as a lineage ages.
 
-Run:  python benchmarks/commit_path.py [--batches 10000] [--checkpoints-at 1000,10000]
+Run:  python benchmarks/commit_path.py [--checkpoints-at 1000,10000]
           [--backend local|s3] [--window 200] [--keep]
 
 Drives the real commit coordinator of one lineage with two target tables (a merge

@@ -250,9 +250,8 @@ def run_noop(
     events: int,
 ) -> RunRecord:
     """The same source, transformation and trigger into Spark's noop sink."""
-    from streamkeeper.runtime.runner import load_transform
+    from streamkeeper.runtime.job import build_output
     from streamkeeper.runtime.session import build_session
-    from streamkeeper.sources import build_source
     from streamkeeper.spec import load_spec
 
     spec = load_spec(
@@ -260,7 +259,7 @@ def run_noop(
     )
     wall_start = time.monotonic()
     spark = build_session(spec)
-    output = load_transform(spec, SAMPLE_SPEC.parent)(build_source(spark, spec.source))
+    output = build_output(spark, spec, SAMPLE_SPEC.parent)
     query = (
         output.writeStream.queryName(f"bench-noop-{uuid.uuid4().hex[:8]}")
         .format("noop")

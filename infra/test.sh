@@ -8,4 +8,4 @@ export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/$VENV/bin/python"
 "$VENV/bin/ruff" check src tests benchmarks jobs infra dags plugins
 "$VENV/bin/ruff" format --check src tests benchmarks jobs infra dags plugins
 # Two workers: most of the time goes to drivers starting up, which a second one overlaps.
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist worksteal "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist worksteal --durations=25 "$@"

@@ -1,7 +1,10 @@
-"""`streamkeeper` command line: run jobs, recover them, read their control plane.
+"""`streamkeeper` command line: run jobs, recover them, read their control plane, send
+them commands (savepoint, stop, cancel) and manage their savepoints.
 
-Exit codes: 0 ok; 1 a run failed, or `status --check` found the job unhealthy (DEGRADED,
-FAILING, FAILED); 2 bad input (a spec, an option, an unknown job or root).
+Exit codes: 0 ok; 1 a run failed, a command failed or got no answer in time, or
+`status --check` found the job unhealthy (DEGRADED, FAILING, FAILED); 2 bad input (a
+spec, an option, an unknown job, root or savepoint, a savepoint that cannot be
+restored into this job).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from streamkeeper.client import StreamkeeperClient
-from streamkeeper.errors import StreamkeeperError
+from streamkeeper.errors import CommandError, SavepointError, StreamkeeperError
 from streamkeeper.spec import JobSpec, load_spec
 
 EXIT_FAILED = 1  # a run failed, or `status --check` found the job unhealthy
@@ -102,6 +106,33 @@ def run(
             "such as Airflow finds the driver it launched by it).",
         ),
     ] = None,
+    from_savepoint: Annotated[
+        str | None,
+        typer.Option(
+            "--from-savepoint",
+            help="Restore a savepoint (its id, or the path/URI of a copied savepoint folder) "
+            "into the empty checkpoint directory, then run from it.",
+        ),
+    ] = None,
+    allow_rewind: Annotated[
+        bool,
+        typer.Option(
+            "--allow-rewind",
+            help="Restore a savepoint older than the lineage's head: the batches after it "
+            "run again (their committed output stays).",
+        ),
+    ] = False,
+    uid_mapping: Annotated[
+        list[str] | None,
+        typer.Option("--uid-mapping", help="Canonical savepoint: old_uid=new_uid (repeatable)."),
+    ] = None,
+    allow_non_restored_state: Annotated[
+        bool,
+        typer.Option(
+            "--allow-non-restored-state",
+            help="Canonical savepoint: skip state of operators the job no longer has.",
+        ),
+    ] = False,
 ) -> None:
     """Run a job's streaming query, resuming from its checkpoint when one exists."""
     if run_token is not None and not RUN_TOKEN.fullmatch(run_token):
@@ -116,6 +147,7 @@ def run(
             f"{from_checkpoint!r}: expected 'latest' or a checkpoint id (a number)",
             param_hint="--from-checkpoint",
         )
+    mapping = _uid_mapping(uid_mapping)
     spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
     if detach:
         _detach(spec)
@@ -133,9 +165,16 @@ def run(
             from_checkpoint=from_checkpoint,
             progress=progress if progress.enabled else None,
             run_token=run_token,
+            from_savepoint=from_savepoint,
+            allow_rewind=allow_rewind,
+            uid_mapping=mapping,
+            allow_non_restored_state=allow_non_restored_state,
         )
         try:
             result = run_job(spec, options)
+        except SavepointError as error:  # refused before anything changed
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(EXIT_BAD_INPUT) from None
         except StreamkeeperError as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_FAILED) from None
@@ -152,9 +191,23 @@ def run(
                     "files_removed": len(result.recovery.files_removed),
                 },
                 "tables": result.tables,
+                "savepoint_id": result.savepoint_id,
             }
         )
     )
+
+
+def _uid_mapping(items: list[str] | None) -> dict[str, str]:
+    mapping: dict[str, str] = {}
+    for item in items or []:
+        old, sep, new = item.partition("=")
+        if not sep or not old.strip() or not new.strip():
+            raise typer.BadParameter(
+                f"{item!r}: expected old_uid=new_uid, e.g. totals-0=totals",
+                param_hint="--uid-mapping",
+            )
+        mapping[old.strip()] = new.strip()
+    return mapping
 
 
 def _detach(spec: JobSpec) -> None:
@@ -270,6 +323,285 @@ def checkpoints(
         )
         return
     print_table(checkpoints_table(job, rows))
+
+
+# -- commands to a running job -----------------------------------------------------------
+
+FormatOpt = Annotated[
+    str, typer.Option("--format", help="Savepoint format: native (Spark's files) or canonical.")
+]
+SelfContainedOpt = Annotated[
+    bool,
+    typer.Option("--self-contained", help="Copy the savepoint's files into its folder (portable)."),
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait for it.")]
+CommandIdOpt = Annotated[
+    str | None,
+    typer.Option("--id", help="The command's id (a retry with the same id runs once)."),
+]
+
+
+def _check_format(value: str) -> str:
+    if value not in ("native", "canonical"):
+        raise typer.BadParameter(f"{value!r}: expected native or canonical", param_hint="--format")
+    return value
+
+
+def _require_running(client: StreamkeeperClient, job: str) -> None:
+    """A command is executed by a running job only: refuse to queue one for nobody."""
+    from streamkeeper.observability.status import RUNNER_LIVE
+
+    report = _read(lambda: client.status(job))
+    runner = report.runner
+    if runner is None or runner.state not in RUNNER_LIVE or report.state == "FAILED":
+        typer.echo(
+            f"error: job {job!r} is not running ({report.state}: {report.reason}); a command "
+            f"is executed by its running job: start it first (`streamkeeper run`)",
+            err=True,
+        )
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _send(client: StreamkeeperClient, job: str, kind: str, **options: Any) -> Any:
+    _require_running(client, job)
+    try:
+        return client.send_command(job, kind, **options)
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+def _report_result(
+    client: StreamkeeperClient, job: str, command_id: str, timeout: float, as_json: bool
+) -> None:
+    """Wait for the result, print it; exit 1 if it failed or never came."""
+    try:
+        result = client.wait_for_result(job, command_id, timeout=timeout)
+    except CommandError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    _print_result(job, result, as_json)
+
+
+def _print_result(job: str, result: Any, as_json: bool) -> None:
+    from streamkeeper.observability.report import print_table
+    from streamkeeper.observability.savepoint_report import command_result_table
+
+    if as_json:
+        _print_json(result.to_json())
+    else:
+        print_table(command_result_table(job, result))
+    if not result.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _report_sent(job: str, command: Any, as_json: bool) -> None:
+    if as_json:
+        _print_json(command.to_json())
+    else:
+        typer.echo(
+            f"sent {command.kind} command {command.id} to {job}; read its result with "
+            f"`streamkeeper result {job} {command.id}`"
+        )
+
+
+@app.command()
+def savepoint(
+    job: JobArg,
+    root: DataRootOpt = ".streamkeeper/data",
+    format: FormatOpt = "native",
+    self_contained: SelfContainedOpt = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the result.")] = False,
+    timeout: TimeoutOpt = 600.0,
+    command_id: CommandIdOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Take a savepoint of a running job at its next batch boundary; the job keeps running."""
+    _check_format(format)
+    client = _client(root)
+    sent = _send(
+        client,
+        job,
+        "savepoint",
+        format=format,
+        self_contained=self_contained,
+        command_id=command_id,
+    )
+    if wait:
+        _report_result(client, job, sent.id, timeout, as_json)
+    else:
+        _report_sent(job, sent, as_json)
+
+
+@app.command()
+def stop(
+    job: JobArg,
+    root: DataRootOpt = ".streamkeeper/data",
+    cancel: Annotated[
+        bool, typer.Option("--cancel", help="Stop now, without a savepoint or a drain.")
+    ] = False,
+    no_savepoint: Annotated[
+        bool, typer.Option("--no-savepoint", help="Stop at a batch boundary, no savepoint.")
+    ] = False,
+    format: FormatOpt = "native",
+    self_contained: SelfContainedOpt = False,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the result.")] = True,
+    timeout: TimeoutOpt = 600.0,
+    command_id: CommandIdOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop a running job: drain, savepoint, stop (default); or cancel it (--cancel)."""
+    _check_format(format)
+    client = _client(root)
+    if cancel:
+        sent = _send(client, job, "cancel", command_id=command_id)
+    else:
+        sent = _send(
+            client,
+            job,
+            "stop",
+            format=format,
+            self_contained=self_contained,
+            savepoint=not no_savepoint,
+            command_id=command_id,
+        )
+    if wait:
+        _report_result(client, job, sent.id, timeout, as_json)
+    else:
+        _report_sent(job, sent, as_json)
+
+
+@app.command()
+def result(
+    job: JobArg,
+    command_id: Annotated[str, typer.Argument(help="The command's id.")],
+    root: DataRootOpt = ".streamkeeper/data",
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for it.")] = False,
+    timeout: TimeoutOpt = 600.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """The result of a command sent earlier (exit 1 if it failed or is not answered)."""
+    client = _client(root)
+    if wait:
+        _report_result(client, job, command_id, timeout, as_json)
+        return
+    found = _read(lambda: client.command_result(job, command_id, acknowledge=True))
+    if found is None:
+        typer.echo(f"command {command_id} of {job} has no result yet (add --wait)", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    _print_result(job, found, as_json)
+
+
+# -- savepoints ----------------------------------------------------------------------------
+
+
+class _ListByDefault(TyperGroup):
+    """`streamkeeper savepoints JOB` is `streamkeeper savepoints list JOB`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+savepoints_app = typer.Typer(
+    cls=_ListByDefault,
+    no_args_is_help=True,
+    help="A job's savepoints: list (default), describe, delete, protect, unprotect.",
+)
+app.add_typer(savepoints_app, name="savepoints")
+SavepointArg = Annotated[str, typer.Argument(help="A savepoint id (sp-...).")]
+
+
+@savepoints_app.command("list")
+def savepoints_list(
+    job: JobArg, root: DataRootOpt = ".streamkeeper/data", as_json: JsonOpt = False
+) -> None:
+    """The job lineage's savepoints, oldest first."""
+    from streamkeeper.observability.report import print_table
+    from streamkeeper.observability.savepoint_report import savepoints_table
+
+    client = _client(root)
+    entries = _read(lambda: client.savepoints(job))
+    if as_json:
+        _print_json({"job": job, "savepoints": [e.to_json() for e in entries]})
+        return
+    print_table(savepoints_table(job, entries))
+
+
+@savepoints_app.command("describe")
+def savepoints_describe(
+    savepoint_id: SavepointArg, root: DataRootOpt = ".streamkeeper/data", as_json: JsonOpt = False
+) -> None:
+    """A savepoint's entry and manifest, checked whole (exit 1 if it is broken)."""
+    from streamkeeper.observability.report import print_table
+    from streamkeeper.observability.savepoint_report import savepoint_table
+
+    client = _client(root)
+    description = _read(lambda: client.describe_savepoint(savepoint_id)).to_json()
+    if as_json:
+        _print_json(description)
+    else:
+        print_table(savepoint_table(description))
+    if description["broken"]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@savepoints_app.command("delete")
+def savepoints_delete(savepoint_id: SavepointArg, root: DataRootOpt = ".streamkeeper/data") -> None:
+    """Dispose of a savepoint's data, then forget it (refused if protected, held or in use)."""
+    client = _client(root)
+    _read(lambda: client.delete_savepoint(savepoint_id))
+    typer.echo(f"savepoint {savepoint_id} deleted")
+
+
+@savepoints_app.command("protect")
+def savepoints_protect(
+    savepoint_id: SavepointArg,
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why it is kept, e.g. a rollback target.")
+    ],
+    root: DataRootOpt = ".streamkeeper/data",
+) -> None:
+    """Keep a savepoint from retention and deletion."""
+    client = _client(root)
+    _read(lambda: client.protect_savepoint(savepoint_id, reason))
+    typer.echo(f"savepoint {savepoint_id} protected: {reason}")
+
+
+@savepoints_app.command("unprotect")
+def savepoints_unprotect(
+    savepoint_id: SavepointArg, root: DataRootOpt = ".streamkeeper/data"
+) -> None:
+    """Let retention and `delete` remove a savepoint again."""
+    client = _client(root)
+    _read(lambda: client.unprotect_savepoint(savepoint_id))
+    typer.echo(f"savepoint {savepoint_id} unprotected")
+
+
+@app.command()
+def state(
+    savepoint_id: SavepointArg,
+    root: DataRootOpt = ".streamkeeper/data",
+    uid: Annotated[str | None, typer.Option("--uid", help="Only this operator uid.")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Only this key's rows.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows per operator.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rows of a savepoint's state (canonical: Delta tables; native: Spark's state reader)."""
+    from streamkeeper.observability.report import print_table
+    from streamkeeper.observability.savepoint_report import state_table
+    from streamkeeper.snapshots.savepoint_state import read_state
+
+    client = _client(root)
+    found = _read(lambda: read_state(client.location, savepoint_id, uid=uid, key=key, limit=limit))
+    if as_json:
+        _print_json(
+            [{"uid": s.uid, "rows": s.rows} for s in found],
+        )
+        return
+    for rows in found:
+        print_table(state_table(f"state of {rows.uid} in {savepoint_id}", rows.rows))
 
 
 def main() -> None:

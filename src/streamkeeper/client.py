@@ -11,6 +11,18 @@ Airflow worker or a web server.
     client.job_record("keyed-totals")   # JobRecord: lineage, tables, knobs
     client.checkpoints_after("keyed-totals", 41)   # [42, 43]: ids committed after 41
 
+    # Commands to the running job, answered between batches (lineage/commands.py):
+    sent = client.send_command("keyed-totals", "savepoint", format="native")
+    result = client.wait_for_result("keyed-totals", sent.id, timeout=300)
+    result.state, result.savepoint_id       # "ok", "sp-20270115T080000-1a2b3c4d"
+    client.send_command("keyed-totals", "stop")   # stop with a savepoint; or "cancel"
+
+    # Savepoints (snapshots/savepoints.py):
+    client.savepoints("keyed-totals")         # [SavepointEntry], oldest first
+    client.describe_savepoint("sp-...")       # SavepointDescription: entry, manifest, broken?
+    client.protect_savepoint("sp-...", "rollback target")
+    client.delete_savepoint("sp-...")
+
 Every dataclass returned has `to_json()` with the field names the README documents.
 """
 
@@ -23,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamkeeper.errors import UnknownJobError
+from streamkeeper.lineage.commands import Command, CommandBox, CommandResult, new_command_id
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
@@ -33,10 +46,18 @@ from streamkeeper.observability.status import (
     StatusReport,
     build_status,
 )
+from streamkeeper.snapshots.savepoint_check import check_savepoint
+from streamkeeper.snapshots.savepoint_disposal import delete_savepoint
+from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
+from streamkeeper.snapshots.savepoints import SavepointEntry, SavepointRegistry, locate
 from streamkeeper.storage import Location, S3Settings, resolve_root
 
 __all__ = [
     "Checkpoint",
+    "Command",
+    "CommandResult",
+    "SavepointDescription",
+    "SavepointEntry",
     "JobRecord",
     "LineageHead",
     "RunnerInfo",
@@ -101,6 +122,27 @@ class JobRecord:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class SavepointDescription:
+    """A savepoint: its registry entry, its manifest, and whether it is whole."""
+
+    entry: SavepointEntry
+    manifest: SavepointManifest | None
+    problems: list[str]
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.problems)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.entry.to_json(),
+            "broken": self.broken,
+            "problems": list(self.problems),
+            "manifest": None if self.manifest is None else self.manifest.to_json(),
+        }
 
 
 @dataclass
@@ -189,6 +231,130 @@ class StreamkeeperClient:
         """
         layout = self._layout(self._job(job).record)
         return marker_seqs_after(self.store, layout, checkpoint_id)
+
+    # -- commands to a running job --------------------------------------------------
+
+    def send_command(
+        self,
+        job: str,
+        kind: str,
+        *,
+        format: str = "native",
+        self_contained: bool = False,
+        savepoint: bool = True,
+        command_id: str | None = None,
+        ttl: float | None = None,
+    ) -> Command:
+        """Ask the job's running runner for a savepoint, a stop or a cancel.
+
+        Args:
+            kind: savepoint | stop | cancel.
+            format: native | canonical (savepoint, stop).
+            self_contained: copy the savepoint's files into its folder (portable).
+            savepoint: stop only: take a savepoint first (the default).
+            command_id: an id of the caller's choosing (a retry with the same id is one
+                command); generated if None.
+            ttl: seconds after which an unanswered command expires (default 600).
+
+        Returns:
+            The command as stored (an earlier send's, for a retry).
+
+        Raises:
+            UnknownJobError: no such job; CommandError: a bad option, or the id was
+                used for another command.
+        """
+        self._job(job)  # an unknown job is refused before anything is written
+        sent_at = time.time()
+        command = Command(
+            id=command_id or new_command_id(kind),
+            kind=kind,  # type: ignore[arg-type]
+            job=job,
+            format=format,  # type: ignore[arg-type]
+            self_contained=self_contained,
+            savepoint=savepoint,
+            sent_at=sent_at,
+            expires_at=None if ttl is None else sent_at + ttl,
+        )
+        return self._commands(job).send(command)
+
+    def command_result(
+        self, job: str, command_id: str, *, acknowledge: bool = False
+    ) -> CommandResult | None:
+        """The command's result (None while unanswered); `acknowledge` archives it."""
+        box = self._commands(job)
+        result = box.result(command_id)
+        if result is not None and acknowledge:
+            box.acknowledge(command_id)
+        return result
+
+    def wait_for_result(
+        self,
+        job: str,
+        command_id: str,
+        *,
+        timeout: float = 600.0,
+        poll: float = 0.5,
+        acknowledge: bool = True,
+    ) -> CommandResult:
+        """Wait for the command's result, then acknowledge it.
+
+        Raises:
+            CommandError: no result within `timeout` seconds.
+        """
+        box = self._commands(job)
+        result = box.wait(command_id, timeout, poll)
+        if acknowledge:
+            box.acknowledge(command_id)
+        return result
+
+    def _commands(self, job: str) -> CommandBox:
+        return CommandBox(self.store, self._layout(self._job(job).record))
+
+    # -- savepoints --------------------------------------------------------------------
+
+    def savepoints(self, job: str) -> list[SavepointEntry]:
+        """The job lineage's savepoints, oldest first (from its registry: no listing)."""
+        layout = self._layout(self._job(job).record)
+        entries = SavepointRegistry(self.store, layout).read().savepoints
+        return sorted(entries, key=lambda e: e.created_at)
+
+    def describe_savepoint(self, savepoint_id: str) -> SavepointDescription:
+        """A savepoint's entry and manifest, checked: `broken` if any of it is missing.
+
+        Raises:
+            UnknownSavepointError: no savepoint of that id under the root.
+        """
+        lineage, entry = locate(self.store, savepoint_id)
+        layout = LineageLayout(self.location, lineage, entry.job)
+        place = SavepointPlace(self.store, layout.savepoint(savepoint_id))
+        check = check_savepoint(place, savepoint_id, entry=entry, layout=layout)
+        manifest = check.manifest
+        if manifest is None and entry.state != "complete":
+            try:  # pending or deleting: show what there is
+                manifest = place.read()
+            except Exception:  # noqa: BLE001 - the problems say what is wrong
+                manifest = None
+        return SavepointDescription(entry, manifest, check.problems)
+
+    def delete_savepoint(self, savepoint_id: str) -> None:
+        """Dispose of a savepoint's data, then forget it (unpinning its checkpoint).
+
+        Raises:
+            SavepointError: it is protected, held, in use or being taken.
+        """
+        lineage, entry = locate(self.store, savepoint_id)
+        delete_savepoint(self.store, LineageLayout(self.location, lineage, entry.job), savepoint_id)
+
+    def protect_savepoint(self, savepoint_id: str, reason: str) -> SavepointEntry:
+        """Keep a savepoint from retention and deletion (a rollback target)."""
+        return self._registry_of(savepoint_id).protect(savepoint_id, reason)
+
+    def unprotect_savepoint(self, savepoint_id: str) -> SavepointEntry:
+        return self._registry_of(savepoint_id).unprotect(savepoint_id)
+
+    def _registry_of(self, savepoint_id: str) -> SavepointRegistry:
+        lineage, entry = locate(self.store, savepoint_id)
+        return SavepointRegistry(self.store, LineageLayout(self.location, lineage, entry.job))
 
     # -- reading ---------------------------------------------------------------------
 

@@ -53,3 +53,23 @@ class DuplicateKeyError(StreamkeeperError):
 
 class UnknownJobError(StreamkeeperError):
     """No job of that name ever ran under the storage root."""
+
+
+class SavepointError(StreamkeeperError):
+    """A savepoint cannot be taken, found, restored, inspected or deleted as asked."""
+
+
+class UnknownSavepointError(SavepointError):
+    """No savepoint of that id under the storage root (or in that lineage)."""
+
+
+class BrokenSavepointError(SavepointError):
+    """A savepoint whose manifest or data is partly missing or corrupt: never used."""
+
+
+class IncompatibleSavepointError(SavepointError):
+    """A savepoint of another job or lineage, or of another topology than the job's."""
+
+
+class CommandError(StreamkeeperError):
+    """A command to a running job is malformed, conflicts with another, or got no answer."""

@@ -24,15 +24,15 @@ from pydantic import (
 from streamkeeper.errors import SpecError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 DeliveryMode = Literal["exactly_once", "idempotent", "at_least_once"]
 CheckpointMode = Literal["exactly_once", "at_least_once"]
 
 
 def parse_duration(value: Any) -> float:
-    """Parse '500ms', '2s', '1.5m', '1h' or a number of seconds into seconds."""
+    """Parse '500ms', '2s', '1.5m', '1h', '30d' or a number of seconds into seconds."""
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r}; expected e.g. '500ms', '10s', '5m', '1h'")
     if isinstance(value, int | float):
@@ -192,6 +192,25 @@ class CheckpointSpec(_Strict):
         return self
 
 
+class SavepointsSpec(_Strict):
+    """Savepoint retention, applied by the running job after each savepoint it takes.
+
+    None keeps every savepoint (Flink's default: savepoints belong to the user). A
+    protected savepoint, one a job was restored from, or one an upgrade holds is never
+    deleted by retention.
+    """
+
+    retained: Annotated[int | None, Field(ge=1)] = None  # keep the newest N
+    max_age: Duration | None = None  # delete older ones (the newest is always kept)
+
+    @field_validator("max_age")
+    @classmethod
+    def _positive_age(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("savepoints.max_age must be positive, e.g. '30d' or '720h'")
+        return value
+
+
 class StateBackendSpec(_Strict):
     """hdfs: Spark's HDFS-backed store (in memory, files on checkpoint); rocksdb: RocksDB."""
 
@@ -205,6 +224,65 @@ class StateBackendSpec(_Strict):
                 "state_backend.changelog needs type 'rocksdb'; set type: rocksdb or drop changelog"
             )
         return self
+
+
+UID_PATTERN = r"^[a-z0-9_-]{1,64}$"
+
+
+class OperatorUidSpec(_Strict):
+    """A stateful operator's stable name (Flink's uid), by Spark's operator id.
+
+    Without `operator_id` the operator is the one at this item's position in the list
+    (Spark numbers a query's stateful operators 0, 1, ... in plan order).
+    """
+
+    uid: str
+    operator_id: Annotated[int | None, Field(ge=0)] = None
+
+    @field_validator("uid")
+    @classmethod
+    def _uid_form(cls, value: str) -> str:
+        if not re.match(UID_PATTERN, value):
+            raise ValueError(
+                f"uid {value!r} must be 1 to 64 characters of a-z, 0-9, '_' and '-', "
+                "e.g. 'totals' or 'dedup-events'"
+            )
+        return value
+
+
+class StateSpec(_Strict):
+    """The job's stateful operators, for savepoints and restore by uid."""
+
+    operators: list[OperatorUidSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> StateSpec:
+        uids = [op.uid for op in self.operators]
+        repeated = sorted({u for u in uids if uids.count(u) > 1})
+        if repeated:
+            raise ValueError(
+                f"state.operators: uid(s) {repeated} appear more than once; give each "
+                "stateful operator its own uid"
+            )
+        ids = self._operator_ids()
+        repeated_ids = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated_ids:
+            raise ValueError(
+                f"state.operators: operator_id {repeated_ids} is named by more than one entry "
+                "(an entry without operator_id takes its position in the list); give each "
+                "entry its own operator_id"
+            )
+        return self
+
+    def _operator_ids(self) -> list[int]:
+        return [
+            position if op.operator_id is None else op.operator_id
+            for position, op in enumerate(self.operators)
+        ]
+
+    def operator_uids(self) -> dict[int, str]:
+        """operator id -> uid; an entry without operator_id takes its position."""
+        return {i: op.uid for i, op in zip(self._operator_ids(), self.operators, strict=True)}
 
 
 class SparkSpec(_Strict):
@@ -261,9 +339,12 @@ class JobSpec(_Strict):
     sinks: Annotated[list[SinkSpec], Field(min_length=1)]
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     state_backend: StateBackendSpec = Field(default_factory=StateBackendSpec)
+    savepoints: SavepointsSpec = Field(default_factory=SavepointsSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     spark: SparkSpec = Field(default_factory=SparkSpec)
     airflow: AirflowSpec = Field(default_factory=AirflowSpec)
+    # Operator uids for savepoints; without it operators get the uids op-0, op-1, ...
+    state: StateSpec | None = None
 
     @property
     def lineage_id(self) -> str:

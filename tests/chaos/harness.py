@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from streamkeeper.commit.tables import TableTarget
 from streamkeeper.reader import read_table_rows
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.storage import Location, S3Settings
-from tests.support.driver import driver_env
+from tests.support.driver import driver_env, run_command
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
@@ -59,35 +58,18 @@ class ChaosJob:
         return self.workdir / "checkpoint"
 
     def _command(self) -> list[str]:
-        command = [
-            sys.executable,
-            "-m",
-            "streamkeeper",
-            "run",
-            str(SAMPLE_SPEC),
-            "--available-now",
-            "--root",
-            self.root,
-            "--checkpoint-dir",
-            str(self.checkpoint_dir),
-            "--set",
+        settings = [
             f"source.path={self.event_files[0].parent}",
-            "--set",
             f"spark.master={self.master}",
-            "--set",
             "spark.shuffle_partitions=2",
-            "--set",
             f"name={self.name}",
-            "--set",
             f"sinks.0.table={self.tables['totals']}",
-            "--set",
             f"sinks.1.table={self.tables['changes']}",
         ]
         if self.sink_mode != "exactly_once":
-            command += ["--set", f"checkpoint.mode={self.sink_mode}"]
-        for setting in self.settings:
-            command += ["--set", setting]
-        return command
+            settings.append(f"checkpoint.mode={self.sink_mode}")
+        settings += self.settings
+        return run_command(self.root, self.checkpoint_dir, settings, "--available-now")
 
     def _environment(self, crash_at: str | None) -> dict[str, str]:
         return driver_env(crash_at, **self.env)

@@ -19,7 +19,7 @@ from tests.support.s3_proxy import Fault, FaultPlan, S3FaultProxy
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.timeout(2400)]
 
 EVENTS_PER_FILE = 150
-LOCAL_KILLS = int(os.environ.get("STREAMKEEPER_CHAOS_LOCAL_KILLS", "40"))
+LOCAL_KILLS = int(os.environ.get("STREAMKEEPER_CHAOS_LOCAL_KILLS", "32"))
 S3_KILLS = int(os.environ.get("STREAMKEEPER_CHAOS_S3_KILLS", "30"))
 RECOVERY_POINTS = {"recovery_after_commit"}
 

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,32 +16,19 @@ import pytest
 
 from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.reader import read_table_rows
-from tests.conftest import SAMPLE_SPEC
+from tests.support.driver import run_command
 
 pytestmark = pytest.mark.integration
 
 
 def _command(tmp_path: Path, checkpoint: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "streamkeeper",
-        "run",
-        str(SAMPLE_SPEC),
-        "--root",
-        str(tmp_path / "data"),
-        "--checkpoint-dir",
-        str(tmp_path / checkpoint),
-        "--set",
+    settings = [
         f"source.path={tmp_path / 'events'}",
-        "--set",
         "spark.master=local[1]",
-        "--set",
         "spark.shuffle_partitions=2",
-        "--set",
         "checkpoint.interval=500ms",
-        *extra,
     ]
+    return run_command(str(tmp_path / "data"), tmp_path / checkpoint, settings, *extra)
 
 
 def _wait_for(condition: Callable[[], object], timeout: float, what: str) -> object:

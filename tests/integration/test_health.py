@@ -15,9 +15,10 @@ from streamkeeper.observability.health import assess
 from streamkeeper.observability.history import CheckpointHistory
 from streamkeeper.reader import read_table_rows
 from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
-from streamkeeper.spec import JobSpec, load_spec
+from streamkeeper.spec import JobSpec
 from tests.conftest import SAMPLE_SPEC
 from tests.support import faults
+from tests.support.specs import local_spec
 
 pytestmark = pytest.mark.integration
 
@@ -32,17 +33,7 @@ def fresh_faults(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _spec(tmp_path: Path, **overrides: object) -> JobSpec:
-    return load_spec(
-        SAMPLE_SPEC,
-        {
-            "source.path": str(tmp_path / "events"),
-            "storage.root": str(tmp_path / "data"),
-            "checkpoint.dir": str(tmp_path / "checkpoint"),
-            "spark.master": "local[2]",
-            "spark.shuffle_partitions": 2,
-            **overrides,
-        },
-    )
+    return local_spec(tmp_path, SAMPLE_SPEC, **overrides)
 
 
 def _run(spec: JobSpec):  # noqa: ANN202

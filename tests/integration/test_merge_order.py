@@ -12,7 +12,8 @@ from deltalake import DeltaTable
 from jobs.keyed_totals.sample_events import read_events, write_event_files
 from streamkeeper.reader import read_table_rows
 from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
-from streamkeeper.spec import JobSpec, load_spec
+from streamkeeper.spec import JobSpec
+from tests.support.specs import local_spec
 
 pytestmark = pytest.mark.integration
 
@@ -20,18 +21,8 @@ JOBS = Path(__file__).parent / "jobs"
 SPEC = JOBS / "latest_per_key.yaml"
 
 
-def _spec(tmp_path: Path, **overrides: Any) -> JobSpec:
-    return load_spec(
-        SPEC,
-        {
-            "source.path": str(tmp_path / "events"),
-            "storage.root": str(tmp_path / "data"),
-            "checkpoint.dir": str(tmp_path / "checkpoint"),
-            "spark.master": "local[2]",
-            "spark.shuffle_partitions": 2,
-            **overrides,
-        },
-    )
+def _spec(tmp_path: Path, **overrides: object) -> JobSpec:
+    return local_spec(tmp_path, SPEC, **overrides)
 
 
 def _run(spec: JobSpec) -> Any:

@@ -18,8 +18,9 @@ import pytest
 from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
-from streamkeeper.spec import JobSpec, load_spec
+from streamkeeper.spec import JobSpec
 from tests.conftest import SAMPLE_SPEC
+from tests.support.specs import local_spec
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +28,7 @@ JOB = "keyed-totals"
 
 
 def _spec(tmp_path: Path, **overrides: object) -> JobSpec:
-    return load_spec(
-        SAMPLE_SPEC,
-        {
-            "source.path": str(tmp_path / "events"),
-            "storage.root": str(tmp_path / "data"),
-            "checkpoint.dir": str(tmp_path / "checkpoint"),
-            "spark.master": "local[2]",
-            "spark.shuffle_partitions": 2,
-            **overrides,
-        },
-    )
+    return local_spec(tmp_path, SAMPLE_SPEC, **overrides)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
 
 
 def driver_env(crash_at: str | None = None, **extra: str) -> dict[str, str]:
@@ -23,3 +25,12 @@ def driver_env(crash_at: str | None = None, **extra: str) -> dict[str, str]:
     if crash_at:
         env["STREAMKEEPER_CRASH_AT"] = crash_at
     return env
+
+
+def run_command(root: str, checkpoint: Path, settings: list[str], *extra: str) -> list[str]:
+    """`streamkeeper run` of the sample job: a root, a checkpoint directory, `--set`s."""
+    command = [sys.executable, "-m", "streamkeeper", "run", str(SAMPLE_SPEC)]
+    command += ["--root", root, "--checkpoint-dir", str(checkpoint)]
+    for setting in settings:
+        command += ["--set", setting]
+    return [*command, *extra]

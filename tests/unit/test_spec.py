@@ -54,13 +54,14 @@ def test_sample_spec_loads() -> None:
         (3, 3.0),
         (0.25, 0.25),
         (" 10 s ", 10.0),
+        ("30d", 30 * 86400.0),
     ],
 )
 def test_durations_parse(given: Any, seconds: float) -> None:
     assert parse_duration(given) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("given", ["fast", "10 days", "1d", "", "-1s", True, -5])
+@pytest.mark.parametrize("given", ["fast", "10 days", "1w", "", "-1s", True, -5])
 def test_bad_durations_are_rejected_naming_the_value(given: Any) -> None:
     with pytest.raises(ValueError, match="invalid duration") as caught:
         parse_duration(given)

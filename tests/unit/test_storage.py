@@ -105,9 +105,27 @@ def test_local_store_list_is_sorted_and_prefix_scoped(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     for key in ["m/10.json", "m/02.json", "m/sub/01.json", "mm/01.json", "other.json"]:
         store.write_json(key, {})
-    (tmp_path / "m" / ".hidden.tmp").write_text("{}")
+    (tmp_path / "m" / ".hidden.tmp").write_text("{}")  # a write in progress
+    (tmp_path / "m" / ".02.json.lock").write_text("")
     assert store.list("m") == ["m/02.json", "m/10.json", "m/sub/01.json"]
+    # Other names starting with a dot are keys (Spark's checksums in a savepoint).
+    (tmp_path / "m" / ".1.delta.crc").write_text("{}")
+    assert store.list("m")[0] == "m/.1.delta.crc"
     assert store.list("missing") == []
+
+
+def test_local_store_delete_folder_takes_what_a_killed_write_left(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    store.write_json("sp/1/manifest.json", {})
+    store.write_json("sp/2/manifest.json", {})
+    (tmp_path / "sp" / "1" / "checkpoint").mkdir()
+    (tmp_path / "sp" / "1" / "checkpoint" / ".0.3c6c940fd44c4a06a3b28a258bf3395b.tmp").write_text(
+        ""
+    )
+    store.delete_folder("sp/1")
+    assert store.children("sp") == ["2"] and store.list("sp") == ["sp/2/manifest.json"]
+    with pytest.raises(ValueError, match="not the root"):
+        store.delete_folder("")
 
 
 def test_local_store_delete(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamkeeper import injection
 from streamkeeper.commit import crashpoints
+from streamkeeper.commit.boundary import BatchBoundary
 from streamkeeper.commit.coordinator import CommitCoordinator
 from streamkeeper.commit.merge_rows import (
     EXAMPLES,
@@ -102,10 +103,18 @@ class BatchWriter:
         self.ctx = context
         self.batches_seen = 0
         self.min_pause = MinPause(context.spec.checkpoint.min_pause)
+        self.boundary = BatchBoundary()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        ctx = self.ctx
         self.min_pause.before_batch()
+        # Held for the whole batch: a savepoint or a stop waits for it, and a draining
+        # job refuses the batch here, before anything of it is written.
+        with self.boundary.batch(batch_id):
+            self._run_batch(batch_df, batch_id)
+        self.min_pause.after_batch()
+
+    def _run_batch(self, batch_df: DataFrame, batch_id: int) -> None:
+        ctx = self.ctx
         injection.reached("batch_start", batch_id=batch_id)
         # A fenced runner must not even pre-commit: its batch fails and the query stops.
         ctx.fence.check()
@@ -129,7 +138,6 @@ class BatchWriter:
         crashpoints.reached("batch_after_commit")
         ctx.coordinator.submit(manifest)  # waits while too many commits are pending
         self.batches_seen += 1
-        self.min_pause.after_batch()
 
     def _pre_commit(
         self, batch_df: DataFrame, manifest: Manifest, done: dict[str, SinkBatch]

@@ -6,9 +6,17 @@
     {root}/lineages/{lineage}/epochs/{epoch}.json           fencing epochs, one per runner start
     {root}/lineages/{lineage}/checkpoints/manifests/{id}.json  externalized checkpoints (id = seq)
     {root}/lineages/{lineage}/checkpoints/files/{sha256}       their files, content-addressed
-    {root}/lineages/{lineage}/checkpoints/index.json        retained checkpoints, owner epoch (CAS)
+    {root}/lineages/{lineage}/checkpoints/index.json        retained checkpoints, savepoint
+                                                            pins, owner epoch (CAS)
+    {root}/lineages/{lineage}/savepoints/registry.json      savepoints, protection, holds (CAS)
+    {root}/lineages/{lineage}/savepoints/{id}/manifest.json a savepoint (its commit point)
+    {root}/lineages/{lineage}/savepoints/{id}/checkpoint/   a self-contained savepoint's files
+    {root}/lineages/{lineage}/savepoints/{id}/state/        a canonical savepoint's Delta tables
     {root}/jobs/{job}/job.json                              the job record: lineage, tables, knobs
     {root}/jobs/{job}/heartbeat.json                        the runner's state (CAS, by epoch)
+    {root}/jobs/{job}/commands/{id}.json                    a command to the job (put-if-absent)
+    {root}/jobs/{job}/commands/{id}.result.json             its result (put-if-absent)
+    {root}/jobs/{job}/command-log/{id}.json                 the runner's record of executing it
     {root}/tables/{sink}                                    default table location
     {table}/sk-{lineage}/{seq}/e{epoch}-{uuid}.parquet      pre-committed files of one batch
     {table}/_streamkeeper/writers/{lineage}.json            which lineages write the table
@@ -106,6 +114,44 @@ class LineageLayout:
     @property
     def checkpoint_index(self) -> str:
         return f"{self.checkpoints}/index.json"
+
+    # -- savepoints ------------------------------------------------------------------
+
+    @property
+    def savepoints(self) -> str:
+        return f"{self.base}/savepoints"
+
+    @property
+    def savepoint_registry(self) -> str:
+        return f"{self.savepoints}/registry.json"
+
+    def savepoint(self, savepoint_id: str) -> str:
+        """The folder of one savepoint."""
+        return f"{self.savepoints}/{savepoint_id}"
+
+    def savepoint_manifest(self, savepoint_id: str) -> str:
+        return f"{self.savepoint(savepoint_id)}/manifest.json"
+
+    # -- commands to the running job ---------------------------------------------------
+
+    @property
+    def commands(self) -> str:
+        """Commands not yet answered and acknowledged (the runner lists only this)."""
+        return f"{self.job_base}/commands"
+
+    def command(self, command_id: str) -> str:
+        return f"{self.commands}/{command_id}.json"
+
+    def command_result(self, command_id: str) -> str:
+        return f"{self.commands}/{command_id}.result.json"
+
+    @property
+    def command_log(self) -> str:
+        return f"{self.job_base}/command-log"
+
+    def command_record(self, command_id: str) -> str:
+        """The runner's record: claimed before it executes the command, then its result."""
+        return f"{self.command_log}/{command_id}.json"
 
     @property
     def precommit_folder(self) -> str:

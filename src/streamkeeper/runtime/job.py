@@ -84,6 +84,12 @@ def sink_arrow_schema(output: DataFrame, columns: list[str]) -> Any:
     return to_arrow_schema(output.select(*columns).schema)
 
 
+def _first_line(error: Exception) -> str:
+    """Spark's analysis errors run to pages; their first line names the problem."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def check_where_predicates(spec: JobSpec, output: DataFrame) -> None:
     """Each sink's `where` must be a boolean SQL predicate over the output's columns."""
     from pyspark.errors import AnalysisException, ParseException
@@ -96,7 +102,7 @@ def check_where_predicates(spec: JobSpec, output: DataFrame) -> None:
         try:
             field = output.select(F.expr(sink.where).alias("where")).schema["where"]
         except (AnalysisException, ParseException) as error:
-            first = str(error).strip().splitlines()[0]
+            first = _first_line(error)
             raise SpecError(
                 f"sink {sink.name!r}: where {sink.where!r} is not a valid predicate over the "
                 f"output columns {output.columns} ({first}); fix the expression"
@@ -117,7 +123,7 @@ def build_output(spark: SparkSession, spec: JobSpec, spec_dir: Path) -> DataFram
     try:
         source = build_source(spark, spec.source)
     except AnalysisException as error:
-        first = str(error).strip().splitlines()[0]
+        first = _first_line(error)
         raise SpecError(
             f"source of job {spec.name!r} cannot be read ({first}); check source "
             f"{spec.source.path or spec.source.table or spec.source.url!r} exists"
@@ -125,7 +131,7 @@ def build_output(spark: SparkSession, spec: JobSpec, spec_dir: Path) -> DataFram
     try:
         output = transform(source)
     except AnalysisException as error:
-        first = str(error).strip().splitlines()[0]
+        first = _first_line(error)
         raise SpecError(
             f"transform {spec.transform!r} does not fit the source's columns "
             f"{source.columns} ({first}); fix the transformation or source.schema"

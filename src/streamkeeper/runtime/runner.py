@@ -8,9 +8,11 @@ Order of a start (each step safe to crash in, see commit/PROTOCOL.md):
 2. take the lineage's next epoch (fences every older runner) and start the heartbeat;
 3. fence the tables: create missing ones, then commit the epoch to every target table,
    so an older runner's in-flight commit is refused by the table itself;
-4. restore an externalized checkpoint if asked (--from-checkpoint), claim the checkpoint
-   index; 5. recover the WAL against the commit log; 6. run the query with the commit
-   coordinator, the supervisor and the heartbeat.
+4. finish what older runners left of savepoints; restore an externalized checkpoint
+   (--from-checkpoint) or a savepoint (--from-savepoint, checked read-only in step 1),
+   claim the checkpoint index; 5. recover the WAL against the commit log; 6. run the
+   query with the commit coordinator, the supervisor, the heartbeat and the commands
+   executor (savepoint, stop, cancel: runtime/commands.py).
 
 From step 2 on every side effect passes the `Fence`: a runner that learns it is fenced
 (from a check, a table, or its heartbeat) stops at once and fails with FencedError; it
@@ -35,17 +37,29 @@ from streamkeeper.commit.recovery import RecoveryReport, recover
 from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
 from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
 from streamkeeper.commit.wal import WriteAheadLog
-from streamkeeper.errors import FencedError, QueryFailedError
+from streamkeeper.errors import FencedError, QueryFailedError, SavepointError
+from streamkeeper.lineage.commands import Command, CommandBox
 from streamkeeper.lineage.control import ControlPlane, Fence
 from streamkeeper.lineage.heartbeat import Heartbeat
+from streamkeeper.lineage.markers import latest_marker
 from streamkeeper.observability.health import CheckpointHealth
 from streamkeeper.observability.history import CheckpointHistory
 from streamkeeper.observability.progress import ProgressListener
+from streamkeeper.runtime.commands import CommandExecutor, Outcome
 from streamkeeper.runtime.job import JobPaths, build_output, check_tables, resolve_paths
+from streamkeeper.runtime.savepointing import QueryAttempt, SavepointRequest, SavepointTaker
 from streamkeeper.runtime.session import build_session
 from streamkeeper.runtime.supervisor import QuerySupervisor
-from streamkeeper.snapshots.externalized import ExternalizedCheckpoints
+from streamkeeper.snapshots import savepoint_points
+from streamkeeper.snapshots.externalized import CheckpointUploader, ExternalizedCheckpoints
 from streamkeeper.snapshots.restore import check_restorable, restore_checkpoint
+from streamkeeper.snapshots.savepoint_disposal import sweep_savepoints
+from streamkeeper.snapshots.savepoint_restore import (
+    RestorePlan,
+    plan_restore,
+    restore_canonical,
+    restore_native,
+)
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.spec import JobSpec
 from streamkeeper.storage import probe
@@ -72,6 +86,11 @@ class RunOptions:
     # Who started this run (e.g. an Airflow task): recorded in the heartbeat and the job
     # record, so a retried starter finds the driver it launched instead of starting another.
     run_token: str | None = None
+    from_savepoint: str | None = None  # restore this savepoint first: an id, or a copied folder
+    allow_rewind: bool = False  # restore a savepoint the lineage's head is past
+    uid_mapping: dict[str, str] = field(default_factory=dict)  # canonical: old uid -> new
+    allow_non_restored_state: bool = False  # canonical: state of operators the job lost
+    command_poll_interval: float = 1.0  # how often the commands folder is listed
 
 
 @dataclass
@@ -83,6 +102,7 @@ class RunResult:
     recovery: RecoveryReport
     tables: dict[str, str]
     visibility_delays_ms: list[float] = field(default_factory=list)
+    savepoint_id: str | None = None  # taken by a stop-with-savepoint
 
 
 class JobRunner:
@@ -101,19 +121,26 @@ class JobRunner:
         self._coordinator: CommitCoordinator | None = None
         self._supervisor: QuerySupervisor | None = None
         self._checkpoints: ExternalizedCheckpoints | None = None
+        self._restore: RestorePlan | None = None
+        self._spark: Any = None
+        self._output: Any = None
+        self._commands: CommandExecutor | None = None
+        self._savepoints: SavepointTaker | None = None
+        self._cancelled = False  # a cancel (SIGTERM, cancel command), not a stop
+        self._stop_reason: str | None = None  # a stop or cancel command's, for the heartbeat
+        self._stop_savepoint: str | None = None
 
     def run(self) -> RunResult:
         probe(self.paths.root)
-        if self.options.from_checkpoint is not None:
-            check_restorable(
-                self.store,
-                self.paths.layout,
-                self.paths.checkpoint_dir,
-                self.options.from_checkpoint,
-            )
+        self._check_restore_options()
         spark = build_session(self.spec, self.options.master)
         log.info("spark session ready (master %s)", spark.sparkContext.master)
-        output = build_output(spark, self.spec, self.options.spec_dir)
+        self._spark = spark
+        self._output = output = build_output(spark, self.spec, self.options.spec_dir)
+        if self._restore is not None and self._restore.manifest.format == "native":
+            from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
+
+            check_topology(self._restore.manifest, planned_operators(spark, output))
         schemas = check_tables(self.spec, self.paths, output)
         self.fence = fence = Fence(
             self.control, self.control.acquire(takeover=self.options.takeover)
@@ -127,23 +154,91 @@ class JobRunner:
         try:
             self._write_job_record()
             self._prepare_tables(schemas)
+            self._sweep_savepoints()
             self._externalize()
+            self._start_commands(spark)
             result = self._run_attempts(output, health)
             fence.check()
             if self._checkpoints is not None:
-                self._checkpoints.on_stop(cancelled=self._stop_requested.is_set())
+                self._checkpoints.on_stop(cancelled=self._cancelled)
         except BaseException as error:
             failure = _as_fenced(error)
-            heartbeat.stop("FAILED", reason=f"{type(failure).__name__}: {failure}")
+            reason = f"{type(failure).__name__}: {failure}"
+            heartbeat.stop("FAILED", reason=reason)
+            self._answer_stop(False, reason)
             if failure is not error:
                 raise failure from None
             raise
         final_state, reason = self._final_state(result)
-        heartbeat.stop(final_state, reason=reason)
+        result.savepoint_id = self._stop_savepoint
+        heartbeat.stop(final_state, reason=reason, savepoint_id=self._stop_savepoint)
+        self._answer_stop(True, reason)
         return result
+
+    def _check_restore_options(self) -> None:
+        """Every restore option checked, and the savepoint found and checked: reads only."""
+        options = self.options
+        if options.from_checkpoint is not None and options.from_savepoint is not None:
+            raise SavepointError(
+                "--from-checkpoint and --from-savepoint exclude each other; pass one"
+            )
+        if options.from_checkpoint is not None:
+            check_restorable(
+                self.store, self.paths.layout, self.paths.checkpoint_dir, options.from_checkpoint
+            )
+        if options.from_savepoint is None:
+            if options.uid_mapping or options.allow_non_restored_state or options.allow_rewind:
+                raise SavepointError(
+                    "--uid-mapping, --allow-non-restored-state and --allow-rewind apply to "
+                    "a restore from a savepoint; add --from-savepoint ID, or drop them"
+                )
+            return
+        self._restore = plan = plan_restore(
+            self.paths.root,
+            self.paths.layout,
+            options.from_savepoint,
+            self.paths.checkpoint_dir,
+            head_seq=self._committed_seq(),
+            allow_rewind=options.allow_rewind,
+        )
+        native = plan.manifest.format == "native"
+        if native and (options.uid_mapping or options.allow_non_restored_state):
+            raise SavepointError(
+                f"savepoint {plan.manifest.id!r} is native: it restores into the same "
+                "operators, so --uid-mapping and --allow-non-restored-state do not apply; "
+                "drop them, or restore a canonical savepoint"
+            )
+        if plan.rewinds:
+            log.warning(
+                "restoring savepoint %s rewinds lineage %s to seq %d: the batches after it "
+                "run again (--allow-rewind)",
+                plan.manifest.id,
+                self.paths.layout.lineage,
+                plan.manifest.seq,
+            )
+
+    def _committed_seq(self) -> int | None:
+        """The highest seq the lineage committed anywhere (None if it never did); reads only."""
+        targets = self.paths.targets.values()
+        committed = [t.committed_seq() for t in targets if t.exists()]
+        near = max(committed, default=-1)
+        head = latest_marker(self.store, self.paths.layout, near=near if near >= 0 else None)
+        seen = [*committed, -1 if head is None else int(head["seq"])]
+        return max(seen) if max(seen) >= 0 else None
+
+    def _answer_stop(self, ok: bool, reason: str) -> None:
+        """Answer the stop or cancel command under way, if any (never fails the run)."""
+        if self._commands is None or self._commands.deferred is None:
+            return
+        try:
+            self._commands.finish_deferred(ok, reason)
+        except Exception:  # noqa: BLE001 - fenced, or storage gone: the log says why
+            log.warning("could not answer the stop command", exc_info=True)
 
     def _final_state(self, result: RunResult) -> tuple[str, str]:
         """What a run that ended without failing records, and why (read by `status`)."""
+        if self._stop_reason is not None:
+            return "STOPPED", self._stop_reason
         if self._stop_requested.is_set():
             return "STOPPED", f"{self._stopped_by or 'a stop'} received"
         if not self.options.available_now:
@@ -176,6 +271,8 @@ class JobRunner:
             },
             "started_at": self.fence.lease.started_at,
             "run_token": self.options.run_token,
+            # Savepoint retention never deletes the savepoint a job was restored from.
+            "restored_from_savepoint": None if self._restore is None else self._restore.reference(),
         }
         self.control.write_owned(self.paths.layout.job_record, self.fence.lease, record)
 
@@ -198,10 +295,45 @@ class JobRunner:
             {n: t.location.uri for n, t in self.paths.targets.items()},
         )
 
+    def _sweep_savepoints(self) -> None:
+        """Finish what older runners left half done: savepoints, uploads for savepoints."""
+        assert self.fence is not None
+        self.fence.check()
+        try:
+            sweep_savepoints(self.store, self.paths.layout, self.fence.epoch)
+        except FencedError as error:
+            self.fence.mark_fenced(error)
+            raise
+        index_exists = self.store.exists(self.paths.layout.checkpoint_index)
+        if not self.spec.checkpoint.externalized.enabled and index_exists:
+            # Savepoints uploaded checkpoints to pin them: own the index, sweep leftovers.
+            uploader = CheckpointUploader(
+                self.store, self.paths.layout, self.paths.checkpoint_dir, self.fence.epoch
+            )
+            uploader.take_ownership()
+
     def _externalize(self) -> None:
-        """Restore an externalized checkpoint if asked; set up uploads if the spec says so."""
+        """Restore an externalized checkpoint or a savepoint if asked; set up uploads."""
         assert self.fence is not None
         layout, directory = self.paths.layout, self.paths.checkpoint_dir
+        plan = self._restore
+        if plan is not None and not plan.already_restored:
+            self.fence.check()
+            if plan.manifest.format == "canonical":
+                options = self.options
+                restore_canonical(
+                    plan,
+                    directory,
+                    self._spark,
+                    self.spec,
+                    self._output,
+                    uid_mapping=options.uid_mapping,
+                    allow_non_restored_state=options.allow_non_restored_state,
+                )
+            else:
+                restore_native(plan, directory)
+        elif plan is not None:
+            log.info("%s already holds savepoint %s; resuming", directory, plan.manifest.id)
         if self.options.from_checkpoint is not None:
             self.fence.check()
             restore_checkpoint(
@@ -229,6 +361,8 @@ class JobRunner:
         facts = health.facts()
         facts.update(interval=self.spec.checkpoint.interval, timeout=self.spec.checkpoint.timeout)
         facts["run_token"] = self.options.run_token
+        if self._restore is not None:
+            facts["restored_from_savepoint"] = self._restore.manifest.id
         if self._coordinator is not None:
             facts.update(self._coordinator.facts())
         if self._supervisor is not None:
@@ -319,6 +453,8 @@ class JobRunner:
             return
         self._query = query = self._start_query(output, writer)
         coordinator.start(writer.ctx.checkpoint)
+        attempt = QueryAttempt(query, writer, coordinator)
+        commands = self._commands
         self._supervisor = QuerySupervisor(
             query=query,
             coordinator=coordinator,
@@ -327,6 +463,7 @@ class JobRunner:
             timeout=self.spec.checkpoint.timeout,
             stop_requested=self._stop_requested,
             progress=self.options.progress,
+            on_poll=None if commands is None else lambda: self._poll_commands(attempt),
         )
         self._supervisor.watch_until_done()
 
@@ -352,12 +489,103 @@ class JobRunner:
         def request_stop(signum: int, _frame: object) -> None:
             log.warning("signal %s: stopping at the next batch boundary", signum)
             self._stopped_by = signal.Signals(signum).name
+            self._cancelled = True
             self._stop_requested.set()
-            query = self._query
-            if query is not None:
-                threading.Thread(target=query.stop, daemon=True).start()
+            self._stop_query()
 
         signal.signal(signal.SIGTERM, request_stop)
+
+    def _stop_query(self) -> None:
+        """Stop the query from another thread (it may wait for a batch to let go)."""
+        query = self._query
+        if query is not None:
+            threading.Thread(target=query.stop, daemon=True).start()
+
+    # -- commands (savepoint, stop, cancel) --------------------------------------------
+
+    def _start_commands(self, spark: Any) -> None:
+        assert self.fence is not None
+        self._savepoints = SavepointTaker(
+            spec=self.spec,
+            spec_dir=self.options.spec_dir,
+            paths=self.paths,
+            fence=self.fence,
+            spark=spark,
+            checkpoints=self._checkpoints,
+        )
+        box = CommandBox(self.store, self.paths.layout)
+        self._commands = CommandExecutor(
+            box, self.fence, handlers={}, interval=self.options.command_poll_interval
+        )
+        try:
+            self._commands.acknowledge_old_results()
+        except Exception:  # noqa: BLE001 - housekeeping; the next start tries again
+            log.warning("could not archive old command results", exc_info=True)
+
+    def _poll_commands(self, attempt: QueryAttempt) -> None:
+        assert self._commands is not None
+        self._commands.handlers = {
+            "savepoint": lambda command: self._savepoint(attempt, command),
+            "stop": lambda command: self._stop(attempt, command),
+            "cancel": lambda command: self._cancel(command),
+        }
+        self._commands.poll()
+
+    def _savepoint(self, attempt: QueryAttempt, command: Command) -> Outcome:
+        assert self._savepoints is not None
+        request = SavepointRequest(command.format, command.self_contained, command.id)
+        taken = self._savepoints.take(request, attempt)
+        return _savepoint_outcome(taken)
+
+    def _stop(self, attempt: QueryAttempt, command: Command) -> Outcome:
+        """Stop at a batch boundary, after a savepoint unless the command says not to."""
+        assert self._savepoints is not None
+        reason = f"stop command {command.id}"
+
+        def drain() -> None:
+            attempt.writer.boundary.drain(f"the job is stopping ({reason})")
+            self._stop_requested.set()
+
+        if command.savepoint:
+            request = SavepointRequest(command.format, command.self_contained, command.id)
+            taken = self._savepoints.take(request, attempt, then=drain)
+            self._stop_savepoint = taken.savepoint_id
+            self._stop_reason = f"stopped with savepoint {taken.savepoint_id} ({reason})"
+            outcome = _savepoint_outcome(taken)
+            savepoint_points.reached("stop_after_savepoint")
+        else:
+            drained = self._savepoints.stop_at_boundary(attempt, then=drain)
+            self._stop_reason = f"stopped at batch boundary {drained} ({reason})"
+            outcome = Outcome(details={"drained_batch": drained})
+        self._stop_query()
+        outcome.deferred = True  # answered once the query has stopped
+        return outcome
+
+    def _cancel(self, command: Command) -> Outcome:
+        """Stop now: the batch in flight is interrupted; the last checkpoint stays."""
+        self._cancelled = True
+        self._stop_reason = f"cancelled (cancel command {command.id})"
+        self._stop_requested.set()
+        self._stop_query()
+        return Outcome(deferred=True)
+
+
+def _savepoint_outcome(taken: Any) -> Outcome:
+    manifest = taken.manifest
+    return Outcome(
+        savepoint_id=taken.savepoint_id,
+        timings=dict(taken.timings),
+        details={
+            "seq": manifest.seq,
+            "batch_id": manifest.batch_id,
+            "format": manifest.format,
+            "storage": manifest.storage,
+            "files": len(manifest.files),
+            "bytes": manifest.size,
+            "in_flight_batch": taken.in_flight,
+            "deleted_by_retention": taken.deleted_by_retention,
+        },
+    )
 
 
 def _as_fenced(error: BaseException) -> BaseException:

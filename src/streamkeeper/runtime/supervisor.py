@@ -11,10 +11,11 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from streamkeeper.commit.coordinator import CommitCoordinator
-from streamkeeper.errors import QueryFailedError
+from streamkeeper.errors import FencedError, QueryFailedError
 from streamkeeper.observability.health import BatchTimeoutWatch, CheckpointHealth
 from streamkeeper.observability.history import (
     CheckpointHistory,
@@ -45,8 +46,10 @@ class QuerySupervisor:
         timeout: float,
         stop_requested: threading.Event,
         progress: ProgressListener | None = None,
+        on_poll: Callable[[], None] | None = None,
     ) -> None:
         self.query = query
+        self.on_poll = on_poll  # between batches: commands to the job (runtime/commands.py)
         self.coordinator = coordinator
         self.health = health
         self.history = history
@@ -100,6 +103,17 @@ class QuerySupervisor:
             self._flush_history()
         if self.progress is not None:
             self._report_progress(self.progress)
+        if self.on_poll is not None and not self.stop_requested.is_set():
+            self._poll()
+
+    def _poll(self) -> None:
+        assert self.on_poll is not None
+        try:
+            self.on_poll()
+        except FencedError:
+            raise
+        except Exception:  # noqa: BLE001 - an unreadable command folder must not fail the job
+            log.warning("could not poll the job's commands; trying again", exc_info=True)
 
     def _report_progress(self, listener: ProgressListener) -> None:
         """Feed the terminal display: reports of batches that ran (read when a new one came)."""

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from streamkeeper import injection
 from streamkeeper.commit.wal import Manifest
-from streamkeeper.errors import FencedError
+from streamkeeper.errors import FencedError, SavepointError
 from streamkeeper.lineage.control import Fence
 from streamkeeper.lineage.layout import LineageLayout
-from streamkeeper.snapshots.index import IndexEntry, IndexWriter
+from streamkeeper.snapshots.index import CheckpointIndex, IndexEntry, IndexWriter
 from streamkeeper.snapshots.manifest import (
     WORKERS,
     CheckpointFile,
@@ -123,7 +123,11 @@ class CheckpointUploader:
             guard()
         self.store.write_json(self.layout.checkpoint_manifest(checkpoint_id), manifest.to_json())
         entry = IndexEntry(checkpoint_id, batch_id, self.epoch)
-        self.index.update(lambda index: index.checkpoints.append(entry))
+
+        def add(index: CheckpointIndex) -> None:
+            index.checkpoints = sorted([*index.checkpoints, entry], key=lambda e: e.id)
+
+        self.index.update(add)
         self.keys_of.remember(checkpoint_id, manifest.keys)
         by_sha.update({f.sha256: f.key for f in files})
         log.info(
@@ -218,6 +222,41 @@ class CheckpointUploader:
         return None
 
 
+def stored_checkpoint(
+    uploader: CheckpointUploader,
+    checkpoint_id: int,
+    batch_id: int,
+    guard: Callable[[], None] | None = None,
+) -> CheckpointManifest:
+    """Checkpoint `checkpoint_id` (batch `batch_id`) in the store: indexed, or uploaded now.
+
+    A savepoint pins it; with externalized checkpoints it is there already (uploaded
+    before its batch committed), else this uploads it once (incrementally after that).
+
+    Raises:
+        SavepointError: the stored checkpoint of that id is of another batch.
+        FencedError: a newer runner owns the checkpoint index.
+    """
+    manifest = None
+    if checkpoint_id in uploader.index.read().ids:
+        manifest = read_manifest(uploader.store, uploader.layout, checkpoint_id)
+    if manifest is None:
+        manifest = uploader.upload(checkpoint_id, guard)
+    if manifest is None or manifest.batch_id != batch_id:
+        found = None if manifest is None else manifest.batch_id
+        raise SavepointError(
+            f"checkpoint {checkpoint_id} in the store is of batch {found}, not of batch "
+            f"{batch_id} that the savepoint captures; take the savepoint again after the "
+            "next checkpoint"
+        )
+    return manifest
+
+
+def pin_checkpoint(uploader: CheckpointUploader, savepoint_id: str, checkpoint_id: int) -> None:
+    """Pin a checkpoint for a savepoint: retention keeps it (and its files) while pinned."""
+    uploader.index.update(lambda index: index.pins.update({savepoint_id: checkpoint_id}))
+
+
 class ExternalizedCheckpoints:
     """The commit coordinator's checkpoint hook (`coordinator.CheckpointHook`)."""
 
@@ -305,6 +344,35 @@ class ExternalizedCheckpoints:
             except Exception:  # noqa: BLE001 - garbage collection; the next checkpoint retries
                 log.warning("checkpoint retention failed; retried next time", exc_info=True)
                 self.uploader.forget()  # some files may be gone: re-read the manifests
+
+    def pin_for_savepoint(
+        self, savepoint_id: str, checkpoint_id: int, batch_id: int
+    ) -> CheckpointManifest:
+        """The stored checkpoint a pinned savepoint captures, pinned for it.
+
+        Raises:
+            FencedError: a newer runner owns the checkpoint index.
+        """
+        with self._lock:  # no upload or retention in between
+            self.fence.check()
+            captured: list[CheckpointManifest] = []
+
+            def capture() -> None:
+                captured.append(
+                    stored_checkpoint(self.uploader, checkpoint_id, batch_id, self.fence.check)
+                )
+                pin_checkpoint(self.uploader, savepoint_id, checkpoint_id)
+
+            self._fenced_by(capture)
+            return captured[0]
+
+    def stored(self, checkpoint_id: int, batch_id: int) -> CheckpointManifest | None:
+        """The stored checkpoint if the store has it (a self-contained copy's source)."""
+        with self._lock:
+            if checkpoint_id not in self.uploader.index.read().ids:
+                return None
+            manifest = read_manifest(self.store, self.layout, checkpoint_id)
+            return manifest if manifest is not None and manifest.batch_id == batch_id else None
 
     def on_stop(self, cancelled: bool) -> None:
         """DELETE_ON_CANCELLATION discards every checkpoint when the job is cancelled.

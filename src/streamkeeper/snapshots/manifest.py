@@ -46,6 +46,7 @@ from streamkeeper.storage import LocalStore, ObjectStore, S3Store
 CHECKPOINT_FORMAT = 1
 WORKERS = 8  # concurrent file transfers; small files dominate, so requests, not bytes, cost
 MULTIPART_BYTES = 8 * 1024 * 1024  # boto3's default multipart threshold
+SINGLE_COPY_BYTES = 5 * 1024**3  # S3's limit of one CopyObject
 
 # Listing order: the reverse of the order in which Spark writes a batch's files.
 _SCAN_ORDER = ("commits", "state", "offsets", "sources", "metadata")
@@ -208,6 +209,54 @@ class FileTransfer:
                 shutil.copyfileobj(reader, writer, 1 << 20)
                 writer.flush()
                 os.fsync(writer.fileno())  # durable before the manifest that names it
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put_hashed(self, source: Path, key: str) -> tuple[int, str]:
+        """Upload `source` to `key`, hashing it on the way; returns (size, sha256)."""
+        digest, size = hashlib.sha256(), 0
+        if isinstance(self.store, S3Store):
+            if os.stat(source).st_size >= MULTIPART_BYTES:
+                sha = sha256_of(source)  # a big file is read twice rather than held in memory
+                self.put(source, key)
+                return os.stat(source).st_size, sha
+            body = source.read_bytes()
+            self.store.client.put_object(Bucket=self.store.bucket, Key=self._s3_key(key), Body=body)
+            return len(body), hashlib.sha256(body).hexdigest()
+        target = self.store.root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(source, "rb") as reader, open(tmp, "wb") as writer:
+                for block in iter(lambda: reader.read(1 << 20), b""):
+                    digest.update(block)
+                    writer.write(block)
+                    size += len(block)
+                writer.flush()
+                os.fsync(writer.fileno())
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return size, digest.hexdigest()
+
+    def copy(self, source_key: str, target_key: str, size: int | None = None) -> None:
+        """Copy an object within the store: server-side on S3 (no bytes through us)."""
+        if isinstance(self.store, S3Store):
+            client, bucket = self.store.client, self.store.bucket
+            source = {"Bucket": bucket, "Key": self._s3_key(source_key)}
+            if size is not None and size < SINGLE_COPY_BYTES:
+                client.copy_object(CopySource=source, Bucket=bucket, Key=self._s3_key(target_key))
+            else:
+                client.copy(source, bucket, self._s3_key(target_key))  # multipart when large
+            return
+        target = self.store.root / target_key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            shutil.copyfile(self.store.root / source_key, tmp)  # the kernel's copy path
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)

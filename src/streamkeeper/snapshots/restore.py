@@ -59,16 +59,13 @@ def restore_checkpoint(
     """
     local_dir = Path(local_dir).resolve()
     manifest = check_restorable(store, layout, local_dir, checkpoint)
-    staging = local_dir.parent / f".{local_dir.name}.restore-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
-    transfer = FileTransfer(store)
-    fetch = _counting(_fetch, len(manifest.files), progress)
-    try:
-        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-            list(pool.map(lambda f: fetch(transfer, f, staging, manifest), manifest.files))
-        os.replace(staging, local_dir)  # onto an empty directory too (rename(2))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    download(
+        store,
+        manifest.files,
+        local_dir,
+        label=f"checkpoint {manifest.checkpoint_id}",
+        progress=progress,
+    )
     log.info(
         "restored checkpoint %d (batch %d, %d files, %d bytes) into %s",
         manifest.checkpoint_id,
@@ -78,6 +75,47 @@ def restore_checkpoint(
         local_dir,
     )
     return manifest
+
+
+def download(
+    store: ObjectStore,
+    files: list[CheckpointFile],
+    local_dir: Path,
+    *,
+    label: str,
+    keys: Callable[[CheckpointFile], str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    extra: dict[str, bytes] | None = None,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
+    """Download `files` into a sibling staging folder, verify each, rename it into place.
+
+    An interrupted download leaves `local_dir` as it was (empty or absent).
+
+    Args:
+        label: what is restored, for errors ("checkpoint 12", "savepoint sp-...").
+        keys: each file's storage key (default: its `key`).
+        extra: more files to write into the directory (path -> bytes), e.g. a marker.
+        before_rename: called once every file is in the staging folder.
+
+    Raises:
+        CheckpointRestoreError: a file is missing or does not match its size/sha256.
+    """
+    staging = local_dir.parent / f".{local_dir.name}.restore-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    transfer = FileTransfer(store)
+    key_of = keys or (lambda f: f.key)
+    fetch = _counting(_fetch, len(files), progress)
+    try:
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            list(pool.map(lambda f: fetch(transfer, f, key_of(f), staging, label), files))
+        for path, body in (extra or {}).items():
+            (staging / path).write_bytes(body)
+        if before_rename is not None:
+            before_rename()
+        os.replace(staging, local_dir)  # onto an empty directory too (rename(2))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_restorable(
@@ -146,20 +184,20 @@ def _counting(
 
 
 def _fetch(
-    transfer: FileTransfer, file: CheckpointFile, staging: Path, manifest: CheckpointManifest
+    transfer: FileTransfer, file: CheckpointFile, key: str, staging: Path, label: str
 ) -> None:
     target = staging / file.path
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        transfer.get(file.key, target, file.size)
+        transfer.get(key, target, file.size)
     except FileNotFoundError:
         raise CheckpointRestoreError(
-            f"checkpoint {manifest.checkpoint_id} lists {file.path!r} as {file.key!r}, which "
-            "is missing from storage; restore another checkpoint id"
+            f"{label} lists {file.path!r} as {key!r}, which is missing from storage; "
+            "restore another one"
         ) from None
     if target.stat().st_size != file.size or sha256_of(target) != file.sha256:
         raise CheckpointRestoreError(
-            f"checkpoint {manifest.checkpoint_id}: {file.key!r} does not match its "
-            f"recorded size/sha256 for {file.path!r}; restore another checkpoint id"
+            f"{label}: {key!r} does not match its recorded size/sha256 for {file.path!r}; "
+            "restore another one"
         )
     os.utime(target, ns=(file.mtime_ns, file.mtime_ns))  # so uploads after restore dedup

@@ -8,6 +8,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,8 +72,16 @@ class ObjectStore:
         """Names of the immediate sub-folders of `prefix`, sorted."""
         raise NotImplementedError
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Every key under `prefix` with its size in bytes: one listing, no read."""
+        raise NotImplementedError
+
     def delete(self, keys: list[str]) -> None:
         raise NotImplementedError
+
+    def delete_folder(self, prefix: str) -> None:
+        """Delete every object below `prefix`, and whatever unfinished writes left there."""
+        self.delete(self.list(prefix))
 
 
 def _tag(body: bytes) -> str:
@@ -173,7 +183,7 @@ class LocalStore(ObjectStore):
         keys = sorted(
             base + p.relative_to(folder).as_posix()
             for p in folder.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
+            if p.is_file() and not _internal(p.name)
         )
         if start_after is not None:
             keys = keys[bisect.bisect_right(keys, start_after) :]
@@ -185,9 +195,25 @@ class LocalStore(ObjectStore):
             return []
         return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        found = {}
+        for key in self.list(prefix):
+            try:
+                found[key] = self._path(key).stat().st_size
+            except FileNotFoundError:
+                continue  # deleted since listed
+        return found
+
     def delete(self, keys: list[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
+
+    def delete_folder(self, prefix: str) -> None:
+        """Also the temp files of writes a crash interrupted, and the folders."""
+        if not prefix.strip("/"):
+            raise ValueError("delete_folder needs a folder below the root, not the root")
+        self.delete(self.list(prefix))
+        shutil.rmtree(self._path(prefix), ignore_errors=True)
 
 
 class S3Store(ObjectStore):
@@ -301,6 +327,15 @@ class S3Store(ObjectStore):
             names.extend(p["Prefix"][len(full) :].rstrip("/") for p in common)
         return sorted(names)
 
+    def sizes(self, prefix: str) -> dict[str, int]:
+        full = self._key(prefix).rstrip("/") + "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        found: dict[str, int] = {}
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+            found.update((o["Key"][strip:], int(o["Size"])) for o in page.get("Contents", []))
+        return found
+
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
             chunk = keys[start : start + 1000]
@@ -317,3 +352,13 @@ _PRECONDITION_FAILED = ("PreconditionFailed", "ConditionalRequestConflict", "412
 def _error_code(error: Exception) -> str:
     response = getattr(error, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
+
+
+_INTERNAL = re.compile(r"^\..+\.(?:tmp|lock)$")
+
+
+def _internal(name: str) -> bool:
+    """A local store's own file: a write in progress (`.name.uuid.tmp`) or a lock
+    (`.name.lock`). Other names starting with a dot are keys like any other (Spark's
+    `.1.delta.crc` in a self-contained savepoint), as they are on S3."""
+    return _INTERNAL.match(name) is not None

@@ -1,0 +1,293 @@
+"""Write canonical state into a checkpoint, in Spark's own state store format.
+
+Both stores start from the same frame, built on the executors from the savepoint's
+Parquet files: the rows of Spark's raw state form (`partition_key`, `key_bytes`,
+`value_bytes`, `column_family_name`), keys and values converted to the new job's
+schema and encoded as UnsafeRows (unsafe_row.py).
+
+- HDFS-backed store: each partition's rows go into `state/{op}/{p}/{v}.delta`, the
+  store's own file: per record the key's length, the key, the value's length, the value
+  (big-endian ints), -1 at the end, compressed with the checkpoint's codec (Spark's, on
+  the driver). The store refuses to be written empty any other way.
+- RocksDB: Spark's state rewriter (`StateRewriter`, what `repartition` uses) writes each
+  partition's rows on the executors through `StatePartitionAllColumnFamiliesWriter`,
+  with the encoder and column families Spark derives from the operator's metadata; it
+  is handed our frame in place of the state it would have read.
+
+A row's partition is `pmod(hash(key), partitions)`, Spark's Murmur3 over the key's
+fields, the partitioning of every stateful operator's state.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from streamkeeper.state.schema import ValuePlan, arrow_type, reshape
+from streamkeeper.state.unsafe_row import encode_struct
+from streamkeeper.storage import Location
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+READ_BATCH_ROWS = 65_536
+CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
+DEFAULT_STORE = "default"
+
+
+def canonical_state_frame(
+    spark: SparkSession,
+    files: list[str],
+    location: Location,
+    key_type: dict[str, Any],
+    value_type: dict[str, Any],
+    plan: ValuePlan,
+    raw_schema: StructType,
+) -> DataFrame:
+    """The savepoint rows of one operator in Spark's raw state form, new schema.
+
+    Args:
+        files: the operator table's data files (paths for `location`'s file system).
+        location: any location of the savepoint: how executors reach the files.
+        key_type, value_type: the new job's key and value types (Spark schema JSON).
+        plan: how the savepoint's value becomes the new value (schema.check_compatible).
+        raw_schema: the raw reader's schema for this operator in the new checkpoint.
+    """
+    if not files:
+        return spark.createDataFrame([], raw_schema)
+    partition_key = json.loads(raw_schema["partition_key"].dataType.json())
+    convert = _RowConverter(location, key_type, value_type, plan, partition_key)
+    paths = spark.createDataFrame([(path,) for path in files], "path string")
+    return paths.repartition(len(files)).mapInArrow(convert, raw_schema)
+
+
+class _RowConverter:
+    """Executor side: read Parquet files, convert and encode their rows (picklable)."""
+
+    def __init__(
+        self,
+        location: Location,
+        key_type: dict[str, Any],
+        value_type: dict[str, Any],
+        plan: ValuePlan,
+        partition_key: dict[str, Any],
+    ) -> None:
+        self.location = location
+        self.key_type = key_type
+        self.value_type = value_type
+        self.plan = plan
+        self.partition_key = partition_key
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        filesystem = self.location.arrow_filesystem()
+        for batch in batches:
+            for path in batch.column("path").to_pylist():
+                with filesystem.open_input_file(path) as handle:
+                    reader = pq.ParquetFile(handle)
+                    for rows in reader.iter_batches(batch_size=READ_BATCH_ROWS):
+                        yield self.encode(rows)
+
+    def encode(self, rows: pa.RecordBatch) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        key = reshape(rows.column("key"), self.key_type, canonical=True)
+        value = self.plan.apply(rows.column("value"), self.value_type)
+        return pa.RecordBatch.from_arrays(
+            [
+                reshape(key, self.partition_key, canonical=False),
+                encode_struct(key, self.key_type),
+                encode_struct(value, self.value_type),
+                pa.array([DEFAULT_STORE] * len(key), pa.string()),
+            ],
+            names=["partition_key", "key_bytes", "value_bytes", "column_family_name"],
+        )
+
+
+# -- HDFS-backed store ---------------------------------------------------------------
+
+
+def write_hdfs_version(
+    spark: SparkSession,
+    frame: DataFrame,
+    checkpoint_dir: Path,
+    operator_id: int,
+    partitions: int,
+    version: int,
+    codec: str,
+) -> None:
+    """Write `frame`'s rows as version `version` of every partition's `.delta` file."""
+    from pyspark.sql import functions as F
+
+    rows = frame.select(
+        F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
+        "key_bytes",
+        "value_bytes",
+    ).toArrow()
+    rows = rows.sort_by("partition")
+    bounds = np.searchsorted(
+        rows.column("partition").to_numpy(), np.arange(partitions + 1), side="left"
+    )
+    jvm = _JvmFiles(spark, codec)
+    for partition in range(partitions):
+        part = rows.slice(bounds[partition], bounds[partition + 1] - bounds[partition])
+        body = frame_records(part.column("key_bytes"), part.column("value_bytes"))
+        target = checkpoint_dir / "state" / str(operator_id) / str(partition) / f"{version}.delta"
+        jvm.write_compressed(body, target)
+
+
+def frame_records(keys: pa.Array, values: pa.Array) -> np.ndarray:
+    """The records of a `.delta` file: (len, key, len, value)* then -1, big-endian ints."""
+    key_offsets, key_data = _binary_parts(keys)
+    value_offsets, value_data = _binary_parts(values)
+    key_lengths, value_lengths = np.diff(key_offsets), np.diff(value_offsets)
+    sizes = 8 + key_lengths + value_lengths
+    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    out = np.empty(int(starts[-1]) + 4, dtype=np.uint8)
+    out[-4:] = 0xFF  # -1: the end of the file
+    if len(sizes):
+        _put(out, starts[:-1], key_lengths)
+        _ragged(out, starts[:-1] + 4, key_offsets, key_data)
+        _put(out, starts[:-1] + 4 + key_lengths, value_lengths)
+        _ragged(out, starts[:-1] + 8 + key_lengths, value_offsets, value_data)
+    return out
+
+
+def _binary_parts(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow as pa
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks() if array.num_chunks else pa.array([], pa.binary())
+    array = array.cast(pa.large_binary())
+    _, offsets, data = array.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int64)[array.offset : array.offset + len(array) + 1]
+    return offsets, (np.frombuffer(data, dtype=np.uint8) if data else np.zeros(0, np.uint8))
+
+
+def _put(out: np.ndarray, starts: np.ndarray, numbers: np.ndarray) -> None:
+    raw = numbers.astype(">i4").view(np.uint8).reshape(-1, 4)
+    out[(starts[:, None] + np.arange(4)[None, :]).reshape(-1)] = raw.reshape(-1)
+
+
+def _ragged(out: np.ndarray, targets: np.ndarray, offsets: np.ndarray, data: np.ndarray) -> None:
+    lengths = np.diff(offsets)
+    if not lengths.sum():
+        return
+    source = np.arange(offsets[0], offsets[-1], dtype=np.int64)
+    out[source + np.repeat(targets - offsets[:-1], lengths)] = data[offsets[0] : offsets[-1]]
+
+
+class _JvmFiles:
+    """Files written through Spark's compression codec and Hadoop's file system."""
+
+    def __init__(self, spark: SparkSession, codec: str) -> None:
+        jvm = spark._jvm
+        self.jvm = jvm
+        self.conf = spark._jsparkSession.sessionState().newHadoopConf()
+        spark_conf = spark.sparkContext._jsc.sc().conf()
+        self.codec = jvm.org.apache.spark.io.CompressionCodec.createCodec(spark_conf, codec)
+
+    def write_compressed(self, body: np.ndarray, target: Path) -> None:
+        """Compress `body` into `target` (temp file, then rename, as Spark does)."""
+        raw = target.parent / f".{target.name}.{uuid.uuid4().hex}.raw"
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        body.tofile(raw)
+        try:
+            path = self.jvm.org.apache.hadoop.fs.Path(str(target))
+            temp = self.jvm.org.apache.hadoop.fs.Path(str(target.parent / f".{target.name}.tmp"))
+            filesystem = path.getFileSystem(self.conf)
+            stream = self.codec.compressedOutputStream(filesystem.create(temp, True))
+            source = self.jvm.java.io.FileInputStream(str(raw))
+            self.jvm.org.apache.hadoop.io.IOUtils.copyBytes(source, stream, 1 << 20, True)
+            if not filesystem.rename(temp, path):
+                raise OSError(f"cannot rename {temp} to {target}")
+        finally:
+            raw.unlink(missing_ok=True)
+
+
+# -- RocksDB ---------------------------------------------------------------------------
+
+
+class _StateReplacement:
+    """A Scala `Dataset => Dataset` (py4j callback) for Spark's state rewriter.
+
+    The rewriter reads each store of each operator and hands the frame to this function;
+    it answers with our frame for that operator, repartitioned so that RDD partition p
+    holds state partition p (the rewriter writes partition = task partition), or with
+    the (empty) frame it read for an operator that starts empty.
+    """
+
+    def __init__(self, frames: Mapping[int, Any]) -> None:
+        self.frames = frames
+
+    def apply(self, state: Any) -> Any:
+        options = state.queryExecution().analyzed().options()
+        operator = int(options.get("operatorId"))
+        return self.frames.get(operator, state)
+
+    class Java:
+        implements = ["scala.Function1"]
+
+
+def rewrite_rocksdb(
+    spark: SparkSession,
+    checkpoint_dir: Path,
+    frames: Mapping[int, DataFrame],
+    partitions: int,
+    read_batch: int,
+    write_batch: int,
+) -> None:
+    """Write version `write_batch + 1` of every operator's RocksDB state from `frames`.
+
+    `offsets/{write_batch}` must exist: the rewriter takes its confs from there.
+    """
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    jvm = spark._jvm
+    replacements = {
+        op: frame.repartition(partitions, "partition_key")._jdf for op, frame in frames.items()
+    }
+    function = _StateReplacement(replacements)
+    none = jvm.scala.Option.empty()
+    rewriter = jvm.org.apache.spark.sql.execution.streaming.state.StateRewriter(
+        spark._jsparkSession,
+        read_batch,
+        write_batch,
+        str(checkpoint_dir),
+        spark._jsparkSession.sessionState().newHadoopConf(),
+        none,
+        jvm.scala.Option.apply(function),
+        none,
+    )
+    rewriter.run()
+
+
+def raw_state_schema(key_type: dict[str, Any]) -> StructType:
+    """The raw reader's schema for a key type (what the RocksDB rewriter checks)."""
+    from pyspark.sql.types import StructType
+
+    return StructType.fromJson(
+        {
+            "type": "struct",
+            "fields": [
+                {"name": "partition_key", "type": key_type, "nullable": True, "metadata": {}},
+                {"name": "key_bytes", "type": "binary", "nullable": True, "metadata": {}},
+                {"name": "value_bytes", "type": "binary", "nullable": True, "metadata": {}},
+                {"name": "column_family_name", "type": "string", "nullable": True, "metadata": {}},
+            ],
+        }
+    )
+
+
+def arrow_key_type(key_type: dict[str, Any]) -> pa.DataType:
+    return arrow_type(key_type, canonical=False)

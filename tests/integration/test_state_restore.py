@@ -1,0 +1,307 @@
+"""Canonical savepoints on real Spark: export, then restore into changed code.
+
+Each test runs a job on part of its input, exports its state at the last completed
+batch, restores it into a fresh checkpoint for changed code (another partition count,
+another state store, a renamed operator, ...), runs the rest of the input, and compares
+the output with a reference computed over all the input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from streamkeeper.spec import StateBackendSpec
+from streamkeeper.state.errors import OperatorUidError, StateSchemaError
+from streamkeeper.state.export import export_canonical
+from streamkeeper.state.format import OperatorState
+from streamkeeper.state.positions import read_source_positions
+from streamkeeper.state.restore import RestoreReport, restore_canonical
+from streamkeeper.state.spark_state import state_frame
+from streamkeeper.storage import Location
+from tests.integration.jobs import state_jobs
+from tests.support.state import (
+    Output,
+    all_events,
+    completed_batches,
+    reference_totals,
+    run_query,
+    state_store,
+    stream,
+    write_events,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+
+
+class Savepoint:
+    """An exported savepoint: the operators and positions a manifest would carry."""
+
+    def __init__(self, location: Location, operators: list[OperatorState], source: dict):
+        self.location = location
+        self.operators = operators
+        self.source = source
+
+    def restore(self, spark: SparkSession, output: Any, checkpoint: Path, **kwargs: Any):
+        options: dict[str, Any] = {
+            "new_uids": None,
+            "shuffle_partitions": 3,
+            "state_backend": StateBackendSpec(type="hdfs"),
+            **kwargs,
+        }
+        return restore_canonical(
+            spark,
+            savepoint_location=self.location,
+            operators=self.operators,
+            source_offsets=self.source["offsets"],
+            source_log=self.source["log"],
+            new_output=output,
+            checkpoint_dir=checkpoint,
+            **options,
+        )
+
+
+def take_savepoint(
+    spark: SparkSession, checkpoint: Path, target: Location, uids: dict[int, str]
+) -> Savepoint:
+    batch = completed_batches(checkpoint)[-1]
+    operators = export_canonical(spark, checkpoint, batch, uids, target)
+    return Savepoint(target, operators, read_source_positions(checkpoint, batch).to_manifest())
+
+
+def totals_of(output: Output) -> dict[str, tuple[int, int]]:
+    return {key: (row["events"], row["total"]) for key, row in output.latest().items()}
+
+
+@pytest.mark.parametrize(
+    ("backend", "partitions"),
+    [("hdfs", 3), ("hdfs", 7), ("rocksdb", 3), ("rocksdb", 7)],
+)
+def test_changed_code_on_another_partition_count_continues_exactly(
+    spark: SparkSession, tmp_path: Path, backend: str, partitions: int
+) -> None:
+    events = tmp_path / "events"
+    files = write_events(events, files=3, per_file=300)
+    with state_store(spark, backend, 4):
+        before = run_query(state_jobs.totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "t"})
+    assert [op.rows for op in savepoint.operators] == [len(reference_totals(all_events(files)))]
+
+    files += write_events(events, files=3, per_file=300, first_file=3)
+    new_output = state_jobs.totals_with_mean(stream(spark, events))
+    report = savepoint.restore(
+        spark,
+        new_output,
+        tmp_path / "new",
+        new_uids={0: "t"},
+        shuffle_partitions=partitions,
+        state_backend=StateBackendSpec(type=backend),
+    )
+    assert (report.partitions, report.operators[0].restored_from) == (partitions, "t")
+    with state_store(spark, backend, 5):  # the checkpoint pins its own partition count
+        after = run_query(new_output, tmp_path / "new")
+
+    assert {row["_batch"] for row in after.rows} == {2, 3, 4}  # only the new files
+    assert totals_of(before) | totals_of(after) == reference_totals(all_events(files))
+    assert all(row["mean"] == row["total"] / row["events"] for row in after.rows)
+    state = state_frame(spark, tmp_path / "new", 4, 0)
+    misplaced = state.where(f"partition_id != pmod(hash(key), {partitions})").count()
+    assert (misplaced, state.count()) == (0, 40)
+
+
+@pytest.mark.parametrize("backend", ["hdfs", "rocksdb"])
+def test_deduplication_with_watermark_keeps_its_seen_events(
+    spark: SparkSession, tmp_path: Path, backend: str
+) -> None:
+    events = tmp_path / "events"
+    files = write_events(events, files=3, per_file=200, repeats=50)
+    with state_store(spark, backend, 4):
+        before = run_query(
+            state_jobs.unique_events(stream(spark, events)), tmp_path / "old", mode="append"
+        )
+    savepoint = take_savepoint(spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "d"})
+    assert savepoint.source["offsets"]["next_watermark_ms"] > 0
+
+    files += write_events(events, files=3, per_file=200, first_file=3, repeats=80)
+    new_output = state_jobs.unique_events_tagged(stream(spark, events))
+    savepoint.restore(
+        spark,
+        new_output,
+        tmp_path / "new",
+        new_uids={0: "d"},
+        shuffle_partitions=3,
+        state_backend=StateBackendSpec(type=backend),
+        output_mode="append",
+    )
+    restored_commit = (tmp_path / "new" / "commits" / "1").read_text().splitlines()[1]
+    assert (
+        json.loads(restored_commit)["nextBatchWatermarkMs"]
+        == (savepoint.source["offsets"]["next_watermark_ms"])
+    )
+    after = run_query(new_output, tmp_path / "new", mode="append")
+
+    emitted = [row["event_id"] for row in before.rows + after.rows]
+    assert sorted(emitted) == sorted({e["event_id"] for e in all_events(files)})
+    assert {row["tag"] for row in after.rows} == {"v2"}
+
+
+@pytest.mark.parametrize("backend", ["hdfs", "rocksdb"])
+def test_two_operators_one_renamed_through_the_uid_mapping(
+    spark: SparkSession, tmp_path: Path, backend: str
+) -> None:
+    events = tmp_path / "events"
+    files = write_events(events, files=3, per_file=200, repeats=60)
+    with state_store(spark, backend, 4):
+        before = run_query(state_jobs.unique_totals(stream(spark, events)), tmp_path / "old")
+    uids = {0: "totals", 1: "dedup"}  # Spark numbers operators from the sink down
+    savepoint = take_savepoint(spark, tmp_path / "old", Location(str(tmp_path / "sp")), uids)
+    assert [op.operator_name for op in savepoint.operators] == ["stateStoreSave", "dedupe"]
+
+    files += write_events(events, files=3, per_file=200, first_file=3, repeats=120)
+    new_output = state_jobs.unique_totals_by_upper_key(stream(spark, events))
+    report = savepoint.restore(
+        spark,
+        new_output,
+        tmp_path / "new",
+        new_uids={0: "sums", 1: "dedup"},
+        uid_mapping={"totals": "sums"},
+        state_backend=StateBackendSpec(type=backend),
+    )
+    assert [(op.uid, op.restored_from) for op in report.operators] == [
+        ("sums", "totals"),
+        ("dedup", "dedup"),
+    ]
+    after = run_query(new_output, tmp_path / "new")
+
+    expected = reference_totals(all_events(files), unique=True)
+    assert totals_of(before) | totals_of(after) == expected
+    assert all(row["key_upper"] == row["key"].upper() for row in after.rows)
+
+
+def test_a_new_nullable_value_field_starts_null(spark: SparkSession, tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    files = write_events(events, files=2, per_file=300)
+    with state_store(spark, "rocksdb", 4):
+        run_query(state_jobs.totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "t"})
+
+    new_files = write_events(events, files=1, per_file=5, first_file=2)
+    new_output = state_jobs.totals_with_max(stream(spark, events))
+    report = savepoint.restore(
+        spark,
+        new_output,
+        tmp_path / "new",
+        new_uids={0: "t"},
+        state_backend=StateBackendSpec(type="rocksdb"),
+    )
+    assert any("'max'" in w and "start with null" in w for w in report.warnings), report.warnings
+    after = run_query(new_output, tmp_path / "new")
+
+    totals = reference_totals(all_events(files + new_files))
+    for key, row in after.latest().items():
+        assert (row["events"], row["total"]) == totals[key]
+        # max() saw only the events after the restore: the savepoint had no max.
+        assert row["largest"] == max(e["value"] for e in all_events(new_files) if e["key"] == key)
+
+
+def _restore_work_dirs(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".restore-" in p.name]
+
+
+def test_an_incompatible_state_schema_fails_and_writes_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    events = tmp_path / "events"
+    write_events(events, files=2, per_file=100)
+    with state_store(spark, "hdfs", 4):
+        run_query(state_jobs.totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(
+        spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "totals"}
+    )
+
+    with pytest.raises(StateSchemaError) as failure:
+        savepoint.restore(
+            spark,
+            state_jobs.totals_of_doubles(stream(spark, events)),
+            tmp_path / "new",
+            new_uids={0: "totals"},
+        )
+    message = str(failure.value)
+    for part in ("'totals'", "'sum'", "bigint", "double", "state processor API"):
+        assert part in message, message
+    assert not (tmp_path / "new").exists()
+    assert _restore_work_dirs(tmp_path) == []
+
+
+def test_a_savepoint_uid_missing_from_the_new_job(spark: SparkSession, tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    files = write_events(events, files=2, per_file=200, repeats=40)
+    with state_store(spark, "rocksdb", 4):
+        run_query(state_jobs.unique_totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(
+        spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "totals", 1: "dedup"}
+    )
+    new_output = state_jobs.only_dedup(stream(spark, events))
+    options: dict[str, Any] = {
+        "new_uids": {0: "dedup"},
+        "state_backend": StateBackendSpec(type="rocksdb"),
+    }
+
+    with pytest.raises(OperatorUidError) as failure:
+        savepoint.restore(spark, new_output, tmp_path / "new", **options)
+    for part in ("'totals'", "uid_mapping", "allow_non_restored_state"):
+        assert part in str(failure.value), str(failure.value)
+    assert not (tmp_path / "new").exists()
+
+    report = savepoint.restore(
+        spark, new_output, tmp_path / "new", allow_non_restored_state=True, **options
+    )
+    assert report.not_restored == ["totals"]
+    assert any("dropped" in w for w in report.warnings)
+    new_files = write_events(events, files=1, per_file=100, first_file=2, repeats=60)
+    after = run_query(new_output, tmp_path / "new", mode="append")
+    old_ids = {e["event_id"] for e in all_events(files)}
+    new_ids = {e["event_id"] for e in all_events(new_files)} - old_ids
+    assert sorted(row["event_id"] for row in after.rows) == sorted(new_ids)
+
+
+def test_a_new_uid_starts_empty_with_a_warning(spark: SparkSession, tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    files = write_events(events, files=2, per_file=200)
+    with state_store(spark, "hdfs", 4):
+        before = run_query(state_jobs.totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(
+        spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "totals"}
+    )
+
+    files += write_events(events, files=2, per_file=200, first_file=2)
+    new_output = state_jobs.unique_totals(stream(spark, events))
+    report: RestoreReport = savepoint.restore(
+        spark, new_output, tmp_path / "new", new_uids={0: "totals", 1: "dedup"}
+    )
+    assert [(op.uid, op.restored_from) for op in report.operators] == [
+        ("totals", "totals"),
+        ("dedup", None),
+    ]
+    assert any("'dedup'" in w and "starts empty" in w for w in report.warnings)
+    after = run_query(new_output, tmp_path / "new")
+    assert totals_of(before) | totals_of(after) == reference_totals(all_events(files))
