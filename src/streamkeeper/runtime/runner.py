@@ -33,6 +33,12 @@ from typing import TYPE_CHECKING, Any
 from streamkeeper import injection
 from streamkeeper.commit.batch import BatchContext, BatchWriter
 from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.commit.maintenance import (
+    MaintenancePolicy,
+    ProtectedVersions,
+    TableMaintenance,
+    lineage_protected_seqs,
+)
 from streamkeeper.commit.recovery import RecoveryReport, recover
 from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
 from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
@@ -417,6 +423,7 @@ class JobRunner:
             max_pending=self.spec.checkpoint.max_concurrent,
             health=health,
             checkpoints=self._checkpoints,
+            maintenance=self._table_maintenance(),
         )
         checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
         sequence = CommitSequence(initial_sequence(store, layout, targets))
@@ -435,6 +442,17 @@ class JobRunner:
         )
         self._coordinator = coordinator
         return coordinator, writer, report
+
+    def _table_maintenance(self) -> TableMaintenance:
+        store, layout, settings = self.store, self.paths.layout, self.spec.maintenance
+        return TableMaintenance(
+            targets=self.paths.targets,
+            shared={sink.name for sink in self.spec.sinks if sink.shared},
+            protected=ProtectedVersions(
+                store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
+            ),
+            policy=MaintenancePolicy(settings.every, settings.history_retention),
+        )
 
     def _run_query(
         self,
