@@ -134,6 +134,9 @@ class JobRunner:
         self._stop_savepoint: str | None = None
 
     def run(self) -> RunResult:
+        # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
+        # job once it is safe (before its query starts), rather than killing it mid-step.
+        self._install_stop_signal()
         probe(self.paths.root)
         self._check_restore_options()
         spark = build_session(self.spec, self.options.master)
@@ -461,7 +464,6 @@ class JobRunner:
         coordinator: CommitCoordinator,
         health: CheckpointHealth,
     ) -> None:
-        self._install_stop_signal()
         if self._stop_requested.is_set():
             return
         self._query = query = self._start_query(output, writer)
