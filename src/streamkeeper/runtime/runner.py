@@ -415,7 +415,7 @@ class JobRunner:
         """A fresh coordinator and batch writer, after recovering the WAL."""
         assert self.fence is not None
         store, layout, targets = self.store, self.paths.layout, self.paths.targets
-        head, _ = lineage_head(store, layout, targets)
+        head, committed = lineage_head(store, layout, targets)
         coordinator = CommitCoordinator(
             store=store,
             layout=layout,
@@ -429,7 +429,7 @@ class JobRunner:
             maintenance=self._table_maintenance(),
         )
         checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
-        sequence = CommitSequence(initial_sequence(store, layout, targets))
+        sequence = CommitSequence(initial_sequence(store, layout, targets, (head, committed)))
         report = recover(coordinator, checkpoint, sequence, self.control)
         log.info("recovery: %s", report)
         writer = BatchWriter(
