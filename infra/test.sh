@@ -5,6 +5,8 @@ cd "$(dirname "$0")/.."
 bash infra/setup.sh
 VENV="${STREAMKEEPER_VENV:-.venv}"
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/$VENV/bin/python"
+# Drivers start in about 10 s instead of 17 (a class-data archive): the chaos tests start hundreds.
+source infra/driver_jvm.sh
 "$VENV/bin/ruff" check src tests benchmarks jobs infra
 "$VENV/bin/ruff" format --check src tests benchmarks jobs infra
 # Two workers: most of the time goes to drivers starting up, which a second one overlaps.
