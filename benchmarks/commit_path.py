@@ -2,20 +2,24 @@
 
 Run:  python benchmarks/commit_path.py [--checkpoints-at 1000,10000]
           [--backend local|s3] [--window 200] [--keep]
+          [--every 100] [--history-retention 60s] [--no-maintenance]
 
 Drives the real commit coordinator of one lineage with two target tables (a merge
 table `totals` and an append table `changes`, a few rows each) and externalized
 checkpoints, batch after batch, with no Spark: every batch claims and seals its WAL
 manifest, pre-writes its files, and is committed by `CommitCoordinator.commit_manifest`
 (upload of the checkpoint's new files, both Delta commits, the commit marker, retiring
-the manifest, retention). A synthetic Spark checkpoint directory gets `offsets/N`,
+the manifest, retention, and every `--every` commits a table maintenance pass:
+commit/maintenance.py). A synthetic Spark checkpoint directory gets `offsets/N`,
 `commits/N` and a state file per batch and keeps the last 100, as Spark does.
 
 Printed per checkpoint (`--checkpoints-at`): the mean and p95 cost per batch of the
 commit path over the last `--window` batches before it, and the cost of a start's
 recovery work there (lineage head, initial seq, recovery with nothing pending, taking
 the checkpoint index over); then the ratio of each figure at the last checkpoint to the
-first. Flat means the ratios stay near 1. The last line is one JSON object.
+first. Flat means the ratios stay near 1. Each line also shows how many entries each
+table's `_delta_log` holds: what a Delta commit lists, which maintenance keeps bounded
+(`--no-maintenance` shows the growth without it). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -37,6 +41,12 @@ sys.path.insert(0, str(REPO))
 from sink_throughput import machine_info  # noqa: E402  (sets Spark's env defaults too)
 
 from streamkeeper.commit.coordinator import CommitCoordinator  # noqa: E402
+from streamkeeper.commit.maintenance import (  # noqa: E402
+    MaintenancePolicy,
+    ProtectedVersions,
+    TableMaintenance,
+    lineage_protected_seqs,
+)
 from streamkeeper.commit.recovery import recover  # noqa: E402
 from streamkeeper.commit.sequence import (  # noqa: E402
     CommitSequence,
@@ -49,7 +59,7 @@ from streamkeeper.lineage.control import ControlPlane, Fence  # noqa: E402
 from streamkeeper.lineage.layout import LineageLayout  # noqa: E402
 from streamkeeper.snapshots.externalized import ExternalizedCheckpoints  # noqa: E402
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint  # noqa: E402
-from streamkeeper.spec import ExternalizedSpec  # noqa: E402
+from streamkeeper.spec import ExternalizedSpec, parse_duration  # noqa: E402
 from streamkeeper.storage import Location, S3Settings  # noqa: E402
 
 LINEAGE = "bench"
@@ -59,10 +69,11 @@ SPARK_KEEPS = 100  # spark.sql.streaming.minBatchesToRetain's default
 class Lineage:
     """One lineage's storage, tables and a synthetic Spark checkpoint directory."""
 
-    def __init__(self, root: Location, workdir: Path) -> None:
+    def __init__(self, root: Location, workdir: Path, policy: MaintenancePolicy) -> None:
         import pyarrow as pa
 
         self.root = root
+        self.policy = policy
         self.store = root.store()
         self.layout = LineageLayout(root, LINEAGE, LINEAGE)
         self.control = ControlPlane(self.store, self.layout)
@@ -98,7 +109,8 @@ class Lineage:
         hook.take_ownership()
         timings["take_index_ms"] = (time.perf_counter() - began) * 1000
         began = time.perf_counter()
-        head, _ = lineage_head(self.store, self.layout, self.targets)
+        known = lineage_head(self.store, self.layout, self.targets)
+        head = known[0]
         coordinator = CommitCoordinator(
             store=self.store,
             layout=self.layout,
@@ -107,11 +119,31 @@ class Lineage:
             fence=fence,
             head=head,
             checkpoints=hook,
+            maintenance=self._maintenance(),
         )
-        self.sequence = CommitSequence(initial_sequence(self.store, self.layout, self.targets))
+        self.sequence = CommitSequence(
+            initial_sequence(self.store, self.layout, self.targets, known)
+        )
         recover(coordinator, self.checkpoint, self.sequence, self.control)
         timings["recovery_ms"] = (time.perf_counter() - began) * 1000
         return coordinator, hook, timings
+
+    def _maintenance(self) -> TableMaintenance | None:
+        if self.policy.every <= 0:
+            return None  # --no-maintenance: what the commit path costs without it
+        store, layout = self.store, self.layout
+        return TableMaintenance(
+            targets=self.targets,
+            shared=set(),
+            protected=ProtectedVersions(
+                store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
+            ),
+            policy=self.policy,
+        )
+
+    def log_entries(self) -> dict[str, int]:
+        """How many entries each table's `_delta_log` holds now."""
+        return {n: len(t.location.store().list("_delta_log/")) for n, t in self.targets.items()}
 
     def batch(self, coordinator: CommitCoordinator, batch_id: int) -> Manifest:
         """What a batch does before its commit: claim, pre-write, seal; then `commits/N`."""
@@ -210,7 +242,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="commit-bench-"))
     stack: list = []
     try:
-        lineage = Lineage(_root(args.backend, workdir, stack), workdir)
+        every = 0 if args.no_maintenance else args.every
+        policy = MaintenancePolicy(every=every, history_retention=args.history_retention)
+        lineage = Lineage(_root(args.backend, workdir, stack), workdir, policy)
         coordinator, _hook, _ = lineage.start()
         points = sorted(args.checkpoints_at)
         results: list[dict[str, Any]] = []
@@ -225,11 +259,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 window = costs[-args.window :]
                 _, _, start = lineage.start()  # a restart at this age (a new epoch)
                 coordinator, _hook, _ = lineage.start()
-                row = {"batches": batch_id + 1, **_summary(window), **start}
+                entries = lineage.log_entries()
+                row = {"batches": batch_id + 1, **_summary(window), **start, "log": entries}
                 results.append(row)
                 print(
                     f"after {batch_id + 1:>6} batches: commit path mean {row['mean_ms']:.1f} ms "
-                    f"(p95 {row['p95_ms']:.1f}); start: acquire {start['acquire_ms']:.1f} ms, "
+                    f"(p95 {row['p95_ms']:.1f}); Delta log entries {entries}; "
+                    f"start: acquire {start['acquire_ms']:.1f} ms, "
                     f"take index {start['take_index_ms']:.1f} ms, "
                     f"head+seq+recovery {start['recovery_ms']:.1f} ms "
                     f"[{time.monotonic() - started:.0f}s]",
@@ -243,6 +279,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "backend": args.backend,
             "window": args.window,
+            "maintenance": None
+            if not policy.every
+            else {"every": policy.every, "history_retention_s": policy.history_retention},
             "points": results,
             "ratio_last_to_first": ratios,
         }
@@ -260,6 +299,15 @@ def main() -> None:
         "--checkpoints-at", type=lambda s: [int(x) for x in s.split(",")], default=[1000, 10000]
     )
     parser.add_argument("--window", type=int, default=200)
+    parser.add_argument("--every", type=int, default=100, help="commits between passes")
+    parser.add_argument(
+        "--history-retention",
+        type=parse_duration,
+        default=60.0,
+        help="maintenance.history_retention (the job default is 1h; shorter reaches the "
+        "steady state within the run)",
+    )
+    parser.add_argument("--no-maintenance", action="store_true")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     print(json.dumps(machine_info()))

@@ -47,3 +47,31 @@ def s3_env(seaweed: object, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def s3_root(s3_env: dict[str, str]) -> str:
     """A fresh prefix in the test bucket."""
     return f"s3://{S3_BUCKET}/test-{uuid.uuid4().hex[:12]}"
+
+
+# The longest tests, longest first (minutes each on 2 cores; see CI's --durations). CI's
+# `--dist loadgroup` gives the next test to whichever worker is free, so collecting these
+# first schedules longest first: the long ones overlap and the short ones fill the gaps.
+LONGEST_FIRST = (
+    "test_crash_recovery.py::test_exactly_once_survives_kills_on_local_storage",
+    "test_crash_recovery.py::test_exactly_once_survives_kills_and_s3_faults",
+    "test_split_brain.py::test_repeated_takeovers_keep_the_output_exact",
+    "test_fan_in.py::test_two_lineages_append_to_one_table_through_kills",
+    "test_savepoint_kills.py::",
+    "test_sources.py::test_nats_source_survives_sigkills",
+    "test_savepoints.py::test_stop_with_savepoint_at_random_instants",
+    "test_sources.py::test_delta_source_survives_sigkills",
+    "test_fencing.py::",
+    "test_slow_committer.py::",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    for rank, name in enumerate(LONGEST_FIRST):
+        if name in item.nodeid:
+            return rank
+    return len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: everything else keeps its collected order

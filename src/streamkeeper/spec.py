@@ -211,6 +211,17 @@ class SavepointsSpec(_Strict):
         return value
 
 
+class MaintenanceSpec(_Strict):
+    """Delta table maintenance (commit/maintenance.py): checkpoints and log expiry.
+
+    Versions the lineage may need (retained checkpoints, savepoints, the head) are always
+    kept; `history_retention` keeps more history for readers outside the lineage.
+    """
+
+    every: Annotated[int, Field(ge=1)] = 100  # commits to a table between two passes
+    history_retention: Duration = 3600.0
+
+
 class StateBackendSpec(_Strict):
     """hdfs: Spark's HDFS-backed store (in memory, files on checkpoint); rocksdb: RocksDB."""
 
@@ -340,6 +351,7 @@ class JobSpec(_Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     state_backend: StateBackendSpec = Field(default_factory=StateBackendSpec)
     savepoints: SavepointsSpec = Field(default_factory=SavepointsSpec)
+    maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)
     spark: SparkSpec = Field(default_factory=SparkSpec)
     airflow: AirflowSpec = Field(default_factory=AirflowSpec)

@@ -65,6 +65,10 @@ class ChaosJob:
             f"name={self.name}",
             f"sinks.0.table={self.tables['totals']}",
             f"sinks.1.table={self.tables['changes']}",
+            # Table maintenance on every other commit, expiring all the log it may: the
+            # kills then land in and around it, and every check reads maintained tables.
+            "maintenance.every=2",
+            "maintenance.history_retention=0s",
         ]
         if self.sink_mode != "exactly_once":
             settings.append(f"checkpoint.mode={self.sink_mode}")
@@ -206,6 +210,36 @@ class ChaosJob:
                 f"duplicated, partial, or ahead of the checkpoint; history: {self.log}"
             )
         return totals_at, changes_at
+
+    def check_protected_versions(self) -> int:
+        """Every table version the lineage protects (its head, retained checkpoints,
+        savepoints) is still readable after maintenance expired the log below them.
+
+        Returns:
+            The lowest version left in the tables' logs (above 0 once the log was expired).
+        """
+        from deltalake import DeltaTable
+
+        from streamkeeper.commit.maintenance import lineage_protected_seqs, log_version
+        from streamkeeper.lineage.layout import LineageLayout
+        from streamkeeper.lineage.markers import latest_marker
+
+        root = Location(self.root, S3Settings.from_env() if self.root.startswith("s3://") else None)
+        store, layout = root.store(), LineageLayout(root, self.name, self.name)
+        head = latest_marker(store, layout)
+        seqs = lineage_protected_seqs(store, layout) | ({head["seq"]} if head else set())
+        lowest = []
+        for sink in ("totals", "changes"):
+            location = self._location(sink)
+            for seq in sorted(seqs):
+                marker = store.read_json(layout.marker(seq))
+                assert marker is not None, f"the marker of protected seq {seq} is gone"
+                version = marker["versions"][sink]
+                options = location.storage_options()
+                DeltaTable(location.uri, version=version, storage_options=options)
+            keys = location.store().list("_delta_log/")
+            lowest.append(min(v for k in keys if (v := log_version(k)) is not None))
+        return min(lowest)
 
     def unreferenced_files(self) -> list[str]:
         """Pre-committed files of the lineage no table references, and WAL leftovers."""

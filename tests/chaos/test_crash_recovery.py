@@ -68,6 +68,7 @@ def _chaos(job: ChaosJob, kills: int, seed: int) -> None:
         r["key"]: (r["events"], r["total"]) for r in job.table_rows("totals")
     } == expected_totals
     assert job.unreferenced_files() == [], "recovery left orphaned pre-commit files behind"
+    assert job.check_protected_versions() > 0, "maintenance never expired the Delta log"
 
 
 def _new_job(tmp_path: Path, root: str, mode: str = "exactly_once") -> ChaosJob:

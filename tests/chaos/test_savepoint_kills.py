@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from jobs.keyed_totals.sample_events import expected_results, write_event_files
 from streamkeeper.client import StreamkeeperClient
@@ -103,6 +104,8 @@ class Lineage:
             "spark.shuffle_partitions=2",
             "checkpoint.interval=300ms",
             "checkpoint.externalized.enabled=true",
+            "maintenance.every=2",  # expire the Delta log as far as the floor allows
+            "maintenance.history_retention=0s",
             *([] if retained is None else [f"savepoints.retained={retained}"]),
         ]
         command = run_command(self.root, self.base / checkpoint, settings)
@@ -265,3 +268,13 @@ def test_sigkill_at_every_savepoint_step_leaves_the_previous_savepoint_and_the_j
     assert folders == {e.id for e in registry.savepoints}
     for savepoint_id in lineage.complete():
         assert not lineage.client.describe_savepoint(savepoint_id).broken
+    # Maintenance expired the tables' logs, but never below a savepoint's versions: each
+    # savepoint can still roll the tables back (Delta RESTORE reads that version).
+    for savepoint_id in lineage.complete():
+        manifest = lineage.client.describe_savepoint(savepoint_id).manifest
+        assert manifest is not None
+        for name, table in manifest.tables.items():
+            assert table.version is not None, (savepoint_id, name)
+            DeltaTable(table.table, version=table.version)
+    log_folder = Path(manifest.tables["totals"].table) / "_delta_log"
+    assert not (log_folder / f"{0:020d}.json").exists(), "maintenance never expired the log"

@@ -60,6 +60,8 @@ def _start(tmp_path: Path, index: int) -> tuple[subprocess.Popen, Path]:
         "checkpoint.interval=500ms",
         "checkpoint.tolerable_failures=3",
         "checkpoint.externalized.enabled=true",
+        "maintenance.every=2",  # expire the Delta log as far as the floor allows
+        "maintenance.history_retention=0s",
     ):
         command += ["--set", setting]
     if index > 0:

@@ -6,9 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from streamkeeper.spec import JobSpec, load_spec
-
-REPO = Path(__file__).resolve().parents[2]
-SAMPLE_SPEC = REPO / "jobs" / "keyed_totals" / "job.yaml"
+from tests.conftest import SAMPLE_SPEC
 
 
 def local_spec(tmp_path: Path, spec_path: Path = SAMPLE_SPEC, **overrides: Any) -> JobSpec:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from streamkeeper import injection
 from streamkeeper.commit import crashpoints
+from streamkeeper.commit.maintenance import TableMaintenance
 from streamkeeper.commit.tables import TableCommitter, TableTarget
 from streamkeeper.commit.wal import Manifest, WriteAheadLog
 from streamkeeper.errors import CheckpointFailureLimitError, FencedError
@@ -81,9 +82,11 @@ class CommitCoordinator:
         max_pending: int = 2,
         health: CheckpointHealth | None = None,
         checkpoints: CheckpointHook | None = None,
+        maintenance: TableMaintenance | None = None,
     ) -> None:
         self.store = store
         self.checkpoints = checkpoints
+        self.maintenance = maintenance
         self.layout = layout
         self.wal = wal
         self.targets = targets
@@ -144,6 +147,7 @@ class CommitCoordinator:
         self._sweep_retried_tasks(manifest)
         if self.checkpoints is not None:
             self.checkpoints.after_commit(manifest)  # retention, off the visibility path
+        self._maintain(versions)
         log.info(
             "batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions
         )
@@ -176,6 +180,21 @@ class CommitCoordinator:
             "committed_at": at,
             "visibility_delay_ms": delay_ms,
         }
+
+    def _maintain(self, versions: dict[str, int]) -> None:
+        """Table maintenance, off the visibility path; a failed pass is retried next time."""
+        if self.maintenance is None:
+            return
+        try:
+            self.maintenance.after_commit(
+                versions,
+                guard=self.fence.check,
+                snapshot=lambda sink: self._committers[sink].snapshot(),
+            )
+        except FencedError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the output is committed; only upkeep failed
+            log.warning("table maintenance failed (retried after the next commits): %s", error)
 
     def _sweep_retried_tasks(self, manifest: Manifest) -> None:
         """A failed task or stage attempt may have left files in the batch's folder.

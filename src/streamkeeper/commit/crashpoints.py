@@ -17,6 +17,7 @@ POINTS = (
     "before_commit_marker",  # every table committed, commit marker not yet written
     "recovery_after_commit",  # recovery committed one pending manifest, more may follow
     "recovery_before_cleanup",  # recovery resolved manifests, orphans not yet removed
+    "before_log_expiry",  # maintenance wrote a Delta checkpoint, old log not yet deleted
 )
 
 

@@ -33,6 +33,12 @@ from typing import TYPE_CHECKING, Any
 from streamkeeper import injection
 from streamkeeper.commit.batch import BatchContext, BatchWriter
 from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.commit.maintenance import (
+    MaintenancePolicy,
+    ProtectedVersions,
+    TableMaintenance,
+    lineage_protected_seqs,
+)
 from streamkeeper.commit.recovery import RecoveryReport, recover
 from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
 from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
@@ -131,6 +137,9 @@ class JobRunner:
         self._stop_savepoint: str | None = None
 
     def run(self) -> RunResult:
+        # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
+        # job once it is safe (before its query starts), rather than killing it mid-step.
+        self._install_stop_signal()
         probe(self.paths.root)
         self._check_restore_options()
         spark = build_session(self.spec, self.options.master)
@@ -411,7 +420,7 @@ class JobRunner:
         """A fresh coordinator and batch writer, after recovering the WAL."""
         assert self.fence is not None
         store, layout, targets = self.store, self.paths.layout, self.paths.targets
-        head, _ = lineage_head(store, layout, targets)
+        head, committed = lineage_head(store, layout, targets)
         coordinator = CommitCoordinator(
             store=store,
             layout=layout,
@@ -422,9 +431,10 @@ class JobRunner:
             max_pending=self.spec.checkpoint.max_concurrent,
             health=health,
             checkpoints=self._checkpoints,
+            maintenance=self._table_maintenance(),
         )
         checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
-        sequence = CommitSequence(initial_sequence(store, layout, targets))
+        sequence = CommitSequence(initial_sequence(store, layout, targets, (head, committed)))
         report = recover(coordinator, checkpoint, sequence, self.control)
         log.info("recovery: %s", report)
         writer = BatchWriter(
@@ -441,6 +451,17 @@ class JobRunner:
         self._coordinator = coordinator
         return coordinator, writer, report
 
+    def _table_maintenance(self) -> TableMaintenance:
+        store, layout, settings = self.store, self.paths.layout, self.spec.maintenance
+        return TableMaintenance(
+            targets=self.paths.targets,
+            shared={sink.name for sink in self.spec.sinks if sink.shared},
+            protected=ProtectedVersions(
+                store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
+            ),
+            policy=MaintenancePolicy(settings.every, settings.history_retention),
+        )
+
     def _run_query(
         self,
         output: DataFrame,
@@ -448,7 +469,6 @@ class JobRunner:
         coordinator: CommitCoordinator,
         health: CheckpointHealth,
     ) -> None:
-        self._install_stop_signal()
         if self._stop_requested.is_set():
             return
         self._query = query = self._start_query(output, writer)
