@@ -1,10 +1,13 @@
 """Export: a checkpoint's state at a completed batch, as one Delta table per operator uid.
 
-Spark's `statestore` reader gives each operator's rows (`key`, `value`) whatever the
-state store (HDFS-backed or RocksDB, with or without changelog checkpointing); the rows
-travel to the driver as Arrow and delta-rs writes them (Spark has no Delta writer here),
-locally or on S3. The partition of a row is not kept: a restore recomputes it for the
-new job's partition count.
+Each operator's rows are written on the executors (table_writer.py): one Spark action in
+which every task writes its rows as a Parquet file into the table's folder, locally or
+on S3, and the driver commits those files in one Delta transaction (delta-rs); the
+state never passes through the driver. The rows come from the HDFS-backed store's own
+files, read and decoded in the tasks (hdfs_files.py), where that is possible, and
+otherwise from Spark's `statestore` reader (RocksDB, with or without changelog
+checkpointing; other codecs; types the decoder does not know). The partition of a row
+is not kept: a restore recomputes it for the new job's partition count.
 """
 
 from __future__ import annotations
