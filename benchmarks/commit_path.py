@@ -109,7 +109,8 @@ class Lineage:
         hook.take_ownership()
         timings["take_index_ms"] = (time.perf_counter() - began) * 1000
         began = time.perf_counter()
-        head, _ = lineage_head(self.store, self.layout, self.targets)
+        known = lineage_head(self.store, self.layout, self.targets)
+        head = known[0]
         coordinator = CommitCoordinator(
             store=self.store,
             layout=self.layout,
@@ -120,7 +121,9 @@ class Lineage:
             checkpoints=hook,
             maintenance=self._maintenance(),
         )
-        self.sequence = CommitSequence(initial_sequence(self.store, self.layout, self.targets))
+        self.sequence = CommitSequence(
+            initial_sequence(self.store, self.layout, self.targets, known)
+        )
         recover(coordinator, self.checkpoint, self.sequence, self.control)
         timings["recovery_ms"] = (time.perf_counter() - began) * 1000
         return coordinator, hook, timings

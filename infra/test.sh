@@ -5,9 +5,12 @@ cd "$(dirname "$0")/.."
 bash infra/setup.sh
 VENV="${STREAMKEEPER_VENV:-.venv}"
 export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/$VENV/bin/python"
+# Drivers start in about 10 s instead of 17 (a class-data archive): the chaos tests start hundreds.
+source infra/driver_jvm.sh
 "$VENV/bin/ruff" check src tests benchmarks jobs infra
 "$VENV/bin/ruff" format --check src tests benchmarks jobs infra
 # Two workers: most of the time goes to drivers starting up, which a second one overlaps.
-# `load` deals the first quarter of the tests out in turn, so the long chaos tests (collected
-# first) split across both workers instead of queueing on one (as `worksteal` left them).
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist load --durations=25 "$@"
+# `loadgroup` hands out one test at a time to whichever worker is free (`load` sends each
+# worker a block of consecutive tests up front, which put every long chaos test, collected
+# first, on one worker); with the longest collected first this is longest-first scheduling.
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=25 "$@"

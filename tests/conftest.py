@@ -50,8 +50,8 @@ def s3_root(s3_env: dict[str, str]) -> str:
 
 
 # The longest tests, longest first (minutes each on 2 cores; see CI's --durations). CI's
-# `--dist load` deals the first tests out to the two workers in turn, so this order puts
-# the two longest on different workers and the rest after them alternately.
+# `--dist loadgroup` gives the next test to whichever worker is free, so collecting these
+# first schedules longest first: the long ones overlap and the short ones fill the gaps.
 LONGEST_FIRST = (
     "test_crash_recovery.py::test_exactly_once_survives_kills_on_local_storage",
     "test_crash_recovery.py::test_exactly_once_survives_kills_and_s3_faults",

@@ -144,6 +144,33 @@ def test_a_run_stopped_by_sigterm_says_so(tmp_path: Path) -> None:
     assert report.head is not None and report.head.seq == _markers(spec)[-1]["seq"]
 
 
+def test_a_sigterm_while_spark_starts_stops_the_run_before_its_query(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamkeeper.runtime import runner
+
+    write_event_files(tmp_path / "events", files=2, events_per_file=100)
+    spec = _spec(tmp_path)
+    start_spark = runner.build_session
+
+    def start_spark_then_sigterm(*args: Any, **kwargs: Any) -> Any:
+        session = start_spark(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives before the query exists
+        return session
+
+    monkeypatch.setattr(runner, "build_session", start_spark_then_sigterm)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        result = run_job(spec, RunOptions(spec_dir=SAMPLE_SPEC.parent))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.batches == 0
+    assert _markers(spec) == []  # no batch ran
+    report = StreamkeeperClient(str(tmp_path / "data")).status(JOB)
+    assert report.runner is not None and report.runner.state == "STOPPED"
+    assert "SIGTERM received" in report.reason
+
+
 @pytest.mark.s3
 def test_the_client_and_cli_read_a_control_plane_on_s3(s3_root: str) -> None:
     from typer.testing import CliRunner

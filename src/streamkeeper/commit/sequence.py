@@ -52,10 +52,18 @@ def lineage_head(
 
 
 def initial_sequence(
-    store: ObjectStore, layout: LineageLayout, targets: dict[str, TableTarget]
+    store: ObjectStore,
+    layout: LineageLayout,
+    targets: dict[str, TableTarget],
+    head: tuple[dict | None, list[int]] | None = None,
 ) -> int:
-    """One above the highest seq any table, pending manifest or marker has seen."""
-    head, committed = lineage_head(store, layout, targets)
+    """One above the highest seq any table, pending manifest or marker has seen.
+
+    Args:
+        head: `lineage_head`'s answer if the caller just read it (saves reading every
+            table and the markers again).
+    """
+    head, committed = lineage_head(store, layout, targets) if head is None else head
     seen = committed + [seq_of(k) for k in store.list(layout.manifests)]
     if head is not None:
         seen.append(int(head["seq"]))

@@ -134,6 +134,9 @@ class JobRunner:
         self._stop_savepoint: str | None = None
 
     def run(self) -> RunResult:
+        # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
+        # job once it is safe (before its query starts), rather than killing it mid-step.
+        self._install_stop_signal()
         probe(self.paths.root)
         self._check_restore_options()
         spark = build_session(self.spec, self.options.master)
@@ -412,7 +415,7 @@ class JobRunner:
         """A fresh coordinator and batch writer, after recovering the WAL."""
         assert self.fence is not None
         store, layout, targets = self.store, self.paths.layout, self.paths.targets
-        head, _ = lineage_head(store, layout, targets)
+        head, committed = lineage_head(store, layout, targets)
         coordinator = CommitCoordinator(
             store=store,
             layout=layout,
@@ -426,7 +429,7 @@ class JobRunner:
             maintenance=self._table_maintenance(),
         )
         checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
-        sequence = CommitSequence(initial_sequence(store, layout, targets))
+        sequence = CommitSequence(initial_sequence(store, layout, targets, (head, committed)))
         report = recover(coordinator, checkpoint, sequence, self.control)
         log.info("recovery: %s", report)
         writer = BatchWriter(
@@ -461,7 +464,6 @@ class JobRunner:
         coordinator: CommitCoordinator,
         health: CheckpointHealth,
     ) -> None:
-        self._install_stop_signal()
         if self._stop_requested.is_set():
             return
         self._query = query = self._start_query(output, writer)

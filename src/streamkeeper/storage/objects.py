@@ -180,11 +180,14 @@ class LocalStore(ObjectStore):
         if not folder.is_dir():
             return []
         base = f"{prefix}/" if prefix else ""
-        keys = sorted(
-            base + p.relative_to(folder).as_posix()
-            for p in folder.rglob("*")
-            if p.is_file() and not _internal(p.name)
-        )
+        keys = []
+        # os.walk reads each directory once and stats nothing (a long-lived lineage's
+        # markers folder holds one file per checkpoint).
+        for directory, _, files in os.walk(folder):
+            relative = os.path.relpath(directory, folder)
+            inner = "" if relative == "." else relative.replace(os.sep, "/") + "/"
+            keys.extend(base + inner + name for name in files if not _internal(name))
+        keys.sort()
         if start_after is not None:
             keys = keys[bisect.bisect_right(keys, start_after) :]
         return keys
