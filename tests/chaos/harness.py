@@ -295,6 +295,6 @@ def crash_schedule(points: list[str], repeats: int, random_kills: int, seed: int
     schedule: list[tuple] = [
         ("point", f"{point}:{rng.randint(1, 2)}") for point in points for _ in range(repeats)
     ]
-    schedule += [("random", rng.uniform(7.0, 14.0)) for _ in range(random_kills)]
+    schedule += [("random", rng.uniform(4.0, 12.0)) for _ in range(random_kills)]
     rng.shuffle(schedule)
     return schedule

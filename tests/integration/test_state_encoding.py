@@ -17,7 +17,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from streamkeeper.state.schema import reshape
-from streamkeeper.state.spark_state import canonically_named, state_frame, state_types
+from streamkeeper.state.spark_state import (
+    canonically_named,
+    session_conf,
+    state_frame,
+    state_types,
+)
 from streamkeeper.state.unsafe_row import encode_struct
 from tests.support.state import run_query, state_store
 
@@ -91,3 +96,69 @@ def test_encoded_rows_equal_the_bytes_spark_stored(spark: SparkSession, tmp_path
     )
     assert len(stored) == len(ROWS)  # every row its own window
     assert encoded == stored
+
+
+def test_direct_reader_equals_sparks_reader(spark: SparkSession, tmp_path: Path) -> None:
+    """hdfs_files reads the HDFS-backed store's files (a delta chain over batches, with a
+    snapshot) into the same canonical rows as Spark's `statestore` reader."""
+    from streamkeeper.state.hdfs_files import partition_reader
+    from streamkeeper.state.positions import read_offsets_lines
+    from streamkeeper.state.spark_state import read_operators, state_columns
+
+    (tmp_path / "in").mkdir()
+    schema = "i INT, l BIGINT, s STRING, b BOOLEAN, x DOUBLE, n STRING, big STRING, t BIGINT"
+    for batch in range(3):  # later batches update keys of earlier ones
+        lines = [
+            json.dumps({**row, "t": 1_700_000_000 + 90 * n, "x": row["x"] and row["x"] + batch})
+            for n, row in enumerate(ROWS[: 3 + batch % 3])
+        ]
+        (tmp_path / "in" / f"rows-{batch}.json").write_text("\n".join(lines))
+    source = (
+        spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).json(str(tmp_path / "in"))
+    )
+    typed = source.select(
+        "i", "l", "s", "b", "x",
+        F.col("n").cast("decimal(10,2)").alias("n"),
+        F.col("big").cast("decimal(25,3)").alias("big"),
+        F.timestamp_seconds("t").alias("ts"),
+    )  # fmt: skip
+    output = typed.groupBy("i", "l", "s", "b", "n", F.window("ts", "2 minutes").alias("w")).agg(
+        F.count(F.lit(1)).alias("events"),
+        F.sum("big").alias("big_sum"),
+        F.avg("x").alias("mean"),
+        F.first("s").alias("first"),
+    )
+    checkpoint = tmp_path / "ckpt"
+    with (
+        state_store(spark, "hdfs", 3),
+        session_conf(spark, {"spark.sql.streaming.stateStore.minDeltasForSnapshot": "2"}),
+    ):
+        run_query(output, checkpoint)
+    batch = 2
+    frame = state_frame(spark, checkpoint, batch, 0)
+    columns = state_columns(frame)
+    expected = canonically_named(frame).toArrow()
+    expected_rows = {
+        json.dumps(r, default=str, sort_keys=True)
+        for r in zip(
+            reshape(expected["key"], columns["key"], canonical=True).to_pylist(),
+            reshape(expected["value"], columns["value"], canonical=True).to_pylist(),
+            strict=True,
+        )
+    }
+    (op,) = read_operators(spark, checkpoint)
+    conf = json.loads(read_offsets_lines(checkpoint, batch)[0])["conf"]
+    reader = partition_reader(
+        checkpoint, conf, 0, op.partitions, batch + 1, columns["key"], columns["value"]
+    )
+    assert reader is not None
+    import pyarrow as pa
+
+    batches = list(reader(iter([pa.RecordBatch.from_pydict({"id": list(range(3))})])))
+    got = {
+        json.dumps(r, default=str, sort_keys=True)
+        for b in batches
+        for r in zip(b.column("key").to_pylist(), b.column("value").to_pylist(), strict=True)
+    }
+    assert len(got) == len(expected_rows) == 5
+    assert got == expected_rows

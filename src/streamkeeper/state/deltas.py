@@ -69,3 +69,23 @@ def _fs_path(uri: str) -> str:
 def read_table(location: Location) -> pa.Table:
     """The whole table, read on the driver (without delta-rs#2184's exit abort)."""
     return open_table(location).to_pyarrow_dataset().to_table(use_threads=False)
+
+
+def commit_files(location: Location, schema: pa.Schema, files: list[tuple[str, int, str]]) -> None:
+    """Make `files` (path relative to the table, size, stats JSON) the table's content.
+
+    One commit: it creates the table, or replaces whatever an earlier attempt committed.
+    """
+    import time
+
+    from deltalake import Schema
+    from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    now_ms = int(time.time() * 1000)
+    create_table_with_add_actions(
+        location.uri,
+        Schema.from_arrow(schema),
+        [AddAction(path, size, {}, now_ms, True, stats) for path, size, stats in files],
+        mode="overwrite",
+        storage_options=location.storage_options() or None,
+    )

@@ -1,24 +1,28 @@
 """Export: a checkpoint's state at a completed batch, as one Delta table per operator uid.
 
-Spark's `statestore` reader gives each operator's rows (`key`, `value`) whatever the
-state store (HDFS-backed or RocksDB, with or without changelog checkpointing); the rows
-travel to the driver as Arrow and delta-rs writes them (Spark has no Delta writer here),
-locally or on S3. The partition of a row is not kept: a restore recomputes it for the
-new job's partition count.
+Each operator's rows are written on the executors (table_writer.py): one Spark action in
+which every task writes its rows as a Parquet file into the table's folder, locally or
+on S3, and the driver commits those files in one Delta transaction (delta-rs); the
+state never passes through the driver. The rows come from the HDFS-backed store's own
+files, read and decoded in the tasks (hdfs_files.py), where that is possible, and
+otherwise from Spark's `statestore` reader (RocksDB, with or without changelog
+checkpointing; other codecs; types the decoder does not know). The partition of a row
+is not kept: a restore recomputes it for the new job's partition count.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamkeeper.errors import CheckpointRestoreError
-from streamkeeper.state import deltas
 from streamkeeper.state.errors import OperatorUidError, UnsupportedOperatorError
 from streamkeeper.state.format import OperatorState, state_table_path, state_variable_path
-from streamkeeper.state.schema import reshape
+from streamkeeper.state.hdfs_files import partition_reader
+from streamkeeper.state.positions import read_offsets_lines
 from streamkeeper.state.spark_state import (
     DEFAULT_STORE,
     OperatorInfo,
@@ -28,6 +32,7 @@ from streamkeeper.state.spark_state import (
     state_frame,
     state_types,
 )
+from streamkeeper.state.table_writer import ParquetTask, write_state_table
 from streamkeeper.storage import Location
 
 if TYPE_CHECKING:
@@ -112,7 +117,7 @@ def _export_operator(
     frame = state_frame(spark, checkpoint_dir, batch_id, op.operator_id)
     key_type, value_type = state_types(frame)
     relative = state_table_path(uid)
-    rows, size = _write_frame(frame, target.child(relative))
+    rows, size = _write_operator(spark, checkpoint_dir, batch_id, op, frame, target.child(relative))
     log.info("exported %s (%s): %d rows, %d bytes", uid, op.operator_name, rows, size)
     return OperatorState(
         uid=uid,
@@ -128,16 +133,48 @@ def _export_operator(
     )
 
 
+def _write_operator(
+    spark: SparkSession,
+    checkpoint_dir: Path,
+    batch_id: int,
+    op: OperatorInfo,
+    frame: DataFrame,
+    location: Location,
+) -> tuple[int, int]:
+    """The operator's rows as the Delta table at `location`: its files read directly
+    where hdfs_files can (HDFS-backed store), else through Spark's `statestore` reader."""
+    columns = state_columns(frame)
+    conf = json.loads(read_offsets_lines(checkpoint_dir, batch_id)[0]).get("conf", {})
+    reader = partition_reader(
+        checkpoint_dir,
+        conf,
+        op.operator_id,
+        op.partitions,
+        batch_id + 1,  # the state version a batch leaves behind
+        columns["key"],
+        columns["value"],
+    )
+    if reader is not None:
+        tasks = max(1, min(op.partitions, 2 * spark.sparkContext.defaultParallelism))
+        partitions = spark.range(0, op.partitions, 1, tasks)
+        task = ParquetTask(location, columns, rows=reader)
+        try:
+            return write_state_table(partitions, location, columns, task)
+        except Exception as error:  # noqa: BLE001 - Spark's reader is the fallback
+            first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            log.warning(
+                "reading operator %s's files directly failed (%s); reading through Spark",
+                op.describe(),
+                first,
+            )
+    return _write_frame(frame, location)
+
+
 def _write_frame(frame: DataFrame, location: Location) -> tuple[int, int]:
     """A state frame's rows (canonical form) as the Delta table at `location`."""
-    import pyarrow as pa
-
     columns = state_columns(frame)
-    rows = canonically_named(frame).toArrow()
-    table = pa.table(
-        {name: reshape(rows[name], kind, canonical=True) for name, kind in columns.items()}
-    )
-    return table.num_rows, deltas.overwrite(location, table)
+    named = canonically_named(frame).select(*columns)
+    return write_state_table(named, location, columns)
 
 
 def _export_state_variables(
@@ -176,6 +213,4 @@ def _export_state_variables(
 
 
 def _json(value: object) -> str:
-    import json
-
     return json.dumps(value, separators=(",", ":"))

@@ -58,10 +58,18 @@ def ensure_state_coordinator(spark: SparkSession) -> None:
 def read_operators(spark: SparkSession, checkpoint_dir: Path | str) -> list[OperatorInfo]:
     """The checkpoint's stateful operators, by operator id.
 
+    Operator metadata v1 (every operator but transformWithState) is read from its files,
+    `state/{op}/_metadata/metadata`, without a Spark job; anything else through Spark's
+    `state-metadata` reader.
+
     Raises:
         CheckpointRestoreError: the directory is not a checkpoint with state metadata.
     """
     from pyspark.errors import AnalysisException
+
+    from_files = _operators_from_v1_files(Path(checkpoint_dir))
+    if from_files is not None:
+        return from_files
 
     try:
         rows = spark.read.format("state-metadata").load(str(checkpoint_dir)).collect()
@@ -89,6 +97,41 @@ def read_operators(spark: SparkSession, checkpoint_dir: Path | str) -> list[Oper
         )
         for op, entry in sorted(stores.items())
     ]
+
+
+def _operators_from_v1_files(checkpoint_dir: Path) -> list[OperatorInfo] | None:
+    """Operators from their v1 metadata files; None if any operator has none (or v2)."""
+    state = checkpoint_dir / "state"
+    if not state.is_dir():
+        return None
+    operators = []
+    for folder in sorted(state.iterdir()):
+        if not folder.name.isdigit():
+            continue
+        metadata = folder / "_metadata"
+        if (metadata / "v2").exists() or not (metadata / "metadata").is_file():
+            return None
+        try:
+            version, body = (metadata / "metadata").read_text().split("\n", 1)
+            entry = json.loads(body)
+            stores = entry["stateStoreInfo"]
+            info = entry["operatorInfo"]
+            if version.strip() != "v1" or not stores or int(info["operatorId"]) != int(folder.name):
+                return None
+            partitions = {int(store["numPartitions"]) for store in stores}
+            if len(partitions) != 1:
+                return None
+            operators.append(
+                OperatorInfo(
+                    int(info["operatorId"]),
+                    str(info["operatorName"]),
+                    tuple(sorted(str(store["storeName"]) for store in stores)),
+                    partitions.pop(),
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return sorted(operators, key=lambda op: op.operator_id) or None
 
 
 def state_frame(
