@@ -197,9 +197,11 @@ def monitor_dag(entry: JobEntry) -> DAG:
             max_backoff="{{ params.max_backoff_seconds }}",
             on_failure_callback=_alert(entry),
         )
-        # A teardown runs whatever the check did, and leaves the check a leaf: the run
-        # fails when the job was unhealthy, even if the restart then succeeded.
-        check >> restart_task.as_teardown(on_failure_fail_dagrun=True)
+        # A teardown runs whatever the check did, and leaves the check the run's leaf: the
+        # run fails when the job was unhealthy, even if the restart then succeeded. (With
+        # on_failure_fail_dagrun the teardown would be the leaf, and a skipped restart
+        # would let a failed check pass. A restart only fails after a failed check.)
+        check >> restart_task.as_teardown()
     return dag
 
 

@@ -21,9 +21,5 @@ class StartRefusedError(StreamkeeperAirflowError):
     """A start would run a second driver of a lineage, or restore over a running one."""
 
 
-class CommandsUnavailableError(StreamkeeperAirflowError):
-    """The installed streamkeeper has no command API (savepoint, stop, cancel) yet."""
-
-
 class SecretSafeError(StreamkeeperAirflowError):
     """An error whose original message held a secret; this one holds it redacted."""

@@ -207,7 +207,7 @@ def test_the_monitor_alerts_on_a_failed_job_and_restarts_it_with_back_off(
     reason = _kill_and_wait_until_failed(place)
     assert "heartbeat lost" in reason
     alerted = run_dag("keyed-totals.monitor", restart=False)
-    assert alerted.state == "failed"
+    assert alerted.state == "failed", (alerted.tasks, alerted.xcom)
     assert alerted.tasks["check"][0] == "failed" and alerted.tasks["restart"][0] == "skipped"
     alerts = [json.loads(line) for line in place.alerts.read_text().splitlines()]
     assert alerts[-1]["task_id"] == "check" and "is FAILED: heartbeat lost" in alerts[-1]["message"]

@@ -9,18 +9,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from streamkeeper.storage import LocalStore
 from streamkeeper_airflow.triggers.base import ControlPlaneTrigger
 from streamkeeper_airflow.triggers.checkpoints import CheckpointProgressTrigger, JobHealthyTrigger
 from streamkeeper_airflow.triggers.commands import CommandResultTrigger
 from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
 from tests.unit.test_client import JOB, write_control_plane
+
+if TYPE_CHECKING:
+    from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
 
 COMMON: dict[str, Any] = {
     "conn_id": "sk_trig",
@@ -167,34 +169,44 @@ def test_healthy_passes_a_probation_and_fails_on_a_new_runner(plane: Path) -> No
     assert failing["status"] == "error" and "FAILING during probation" in failing["message"]
 
 
-def test_a_command_result_ends_the_wait(plane: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _answer(hook: StreamkeeperHook, command_id: str, **result: Any) -> None:
+    """Answer a command as the runner does: claim it, then record and publish the result."""
+    from streamkeeper.lineage.commands import CommandBox, CommandResult
+
+    record = hook.client.job_record(JOB)
+    box = CommandBox(hook.client.store, hook.client._layout(record))
+    command = box.read(command_id)
+    assert command is not None
+    claimed, mine = box.claim(command.to_json(), command_id, epoch=4)
+    assert mine
+    box.answer(claimed, CommandResult(id=command_id, kind=command.kind, epoch=4, **result))
+
+
+def test_a_command_result_ends_the_wait(plane: Path) -> None:
     from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
 
     _beat(plane)
-    store = LocalStore(plane)
-    results = {
-        "savepoint-ok": {"id": "savepoint-ok", "state": "ok", "savepoint_id": "sp-1"},
-        "savepoint-bad": {"id": "savepoint-bad", "state": "failed", "error": "SavepointError"},
-    }
-    for command_id, result in results.items():
-        store.write_json(f"jobs/{JOB}/commands/{command_id}.result.json", result)
-
-    def command_result(self: StreamkeeperHook, job: str, command_id: str) -> Any:
-        return store.read_json(f"jobs/{job}/commands/{command_id}.result.json")
-
-    # The command API arrives with the savepoint work: read its files as it will.
-    monkeypatch.setattr(StreamkeeperHook, "command_result", command_result)
-    ok = _run(CommandResultTrigger(**COMMON, command_id="savepoint-ok", kind="savepoint"))
+    hook = StreamkeeperHook("sk_trig")
+    ok_id = hook.send_command(JOB, "savepoint", command_id="savepoint-ok")
+    bad_id = hook.send_command(JOB, "savepoint", command_id="savepoint-bad", format="canonical")
+    assert hook.command_result(JOB, ok_id) is None  # sent, not answered
+    _answer(hook, ok_id, state="ok", savepoint_id="sp-1")
+    _answer(hook, bad_id, state="failed", error="SavepointError", reason="disk full")
+    ok = _run(CommandResultTrigger(**COMMON, command_id=ok_id, kind="savepoint"))
     assert ok["status"] == "success" and ok["savepoint_id"] == "sp-1"
-    bad = _run(CommandResultTrigger(**COMMON, command_id="savepoint-bad", kind="savepoint"))
-    assert bad["status"] == "error" and "SavepointError" in bad["message"]
+    bad = _run(CommandResultTrigger(**COMMON, command_id=bad_id, kind="savepoint"))
+    assert bad["status"] == "error" and "SavepointError: disk full" in bad["message"]
 
 
-def test_without_the_command_api_a_command_trigger_says_so(plane: Path) -> None:
+def test_an_unanswered_command_is_an_error_at_the_deadline(plane: Path) -> None:
+    from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
+
     _beat(plane)
-    event = _run(CommandResultTrigger(**COMMON, command_id="stop-af-1", kind="stop"))
-    assert event["status"] == "error"
-    assert "no command API" in event["message"] or "savepoint" in event["message"]
+    sent = StreamkeeperHook("sk_trig").send_command(JOB, "stop", command_id="stop-af-1")
+    event = _run(
+        CommandResultTrigger(**COMMON | {"deadline": time.time() + 1}, command_id=sent, kind="stop")
+    )
+    assert event["status"] == "error" and "stop-af-1" in event["message"], event
 
 
 def test_an_unreachable_connection_is_an_error_event_without_the_secret(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 
 from streamkeeper_airflow.connection import CONN_TYPE, EXAMPLE_EXTRA, ConnectionSettings
-from streamkeeper_airflow.errors import CommandsUnavailableError, ConnectionConfigError
+from streamkeeper_airflow.errors import ConnectionConfigError
 from streamkeeper_airflow.secrets import register_with_airflow, secrets_hidden
 
 if TYPE_CHECKING:
@@ -139,40 +139,22 @@ class StreamkeeperHook(BaseHook):
         report = self.status(job, missing_ok=True)
         return -1 if report is None or report.head is None else report.head.seq
 
-    # -- commands (the savepoint branch brings them to the client) ---------------------
+    # -- commands ----------------------------------------------------------------------
 
     def send_command(self, job: str, kind: str, *, command_id: str, **options: Any) -> str:
         """Send a savepoint, stop or cancel command; the same id sent again is one command.
 
         Returns:
             The command's id.
-
-        Raises:
-            CommandsUnavailableError: this streamkeeper has no command API yet.
         """
-        send = getattr(self.client, "send_command", None)
-        if send is None:
-            raise CommandsUnavailableError(
-                f"cannot send {kind!r} to job {job!r}: the installed streamkeeper has no "
-                "command API (jobs/{job}/commands); it arrives with savepoints"
-            )
         with self._hidden():
-            sent = send(job, kind, command_id=command_id, **options)
-        return str(getattr(sent, "id", sent))
+            return self.client.send_command(job, kind, command_id=command_id, **options).id
 
     def command_result(self, job: str, command_id: str) -> dict[str, Any] | None:
         """The command's result as JSON, None while the job has not answered."""
-        read = getattr(self.client, "command_result", None)
-        if read is None:
-            raise CommandsUnavailableError(
-                f"cannot read command {command_id!r} of job {job!r}: the installed "
-                "streamkeeper has no command API; it arrives with savepoints"
-            )
         with self._hidden():
-            result = read(job, command_id)
-        if result is None:
-            return None
-        return result.to_json() if hasattr(result, "to_json") else dict(result)
+            result = self.client.command_result(job, command_id)
+        return None if result is None else result.to_json()
 
     # -- Airflow UI ----------------------------------------------------------------------
 

@@ -64,17 +64,13 @@ class _CommandOperator(BaseOperator):
         return {}
 
     def execute(self, context: Context) -> None:
-        from streamkeeper_airflow.errors import CommandsUnavailableError
         from streamkeeper_airflow.triggers.commands import CommandResultTrigger
 
         ti = context["ti"]
         command_id = command_id_for(self.kind, ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
-        try:
-            sent = self.hook.send_command(
-                self.job, self.kind, command_id=command_id, **self.command_options()
-            )
-        except CommandsUnavailableError as error:
-            raise AirflowFailException(str(error)) from None
+        sent = self.hook.send_command(
+            self.job, self.kind, command_id=command_id, **self.command_options()
+        )
         self.log.info("sent %s command %s to job %s", self.kind, sent, self.job)
         timeout = float(self.result_timeout)
         self.defer(

@@ -1,7 +1,7 @@
-"""A trigger on a command's result (savepoint, stop, cancel), for the command API.
+"""A trigger on a command's result (savepoint, stop, cancel).
 
-The runner answers a command between batches with `jobs/{job}/commands/{id}.result.json`
-(see the savepoint branch's lineage/commands.py); this trigger waits for that answer.
+The runner answers a command between batches (streamkeeper.lineage.commands); this
+trigger waits for that answer.
 """
 
 from __future__ import annotations
