@@ -202,6 +202,28 @@ def restore_canonical(client: Any, spec: Any, savepoint_id: str, target: Path) -
     return seconds, rows
 
 
+def compare_copy(client: Any, copied: dict[str, Any], taken: dict[str, Any], repeats: int) -> dict:
+    """Self-contained savepoints and plain copies of the same files, alternated and
+    repeated (object-store copies vary run to run); `copied` gets medians and ratios."""
+    captures, ends, plains = [copied["capture_s"]], [copied["trigger_to_complete_s"]], []
+    for repeat in range(repeats):
+        plains.append(plain_copy(client.store, taken["native_pinned"][1].files, f"plain-{repeat}"))
+        if repeat + 1 < repeats:
+            seconds, result = take(client, "savepoint", self_contained=True)
+            ends.append(seconds)
+            captures.append(result.timings.get("capture", 0) / 1000)
+    copied["repeats"] = {"capture_s": captures, "trigger_to_complete_s": ends, "plain_s": plains}
+    copied["capture_s"] = statistics.median(captures)
+    copied["trigger_to_complete_s"] = statistics.median(ends)
+    plain_s = statistics.median(plains)
+    copied["plain_copy_s"] = plain_s
+    copied["mb_s"] = copied["bytes"] / MB / copied["trigger_to_complete_s"]
+    copied["plain_copy_mb_s"] = copied["bytes"] / MB / plain_s
+    copied["ratio"] = copied["mb_s"] / copied["plain_copy_mb_s"]
+    copied["capture_ratio"] = plain_s / copied["capture_s"] if copied["capture_s"] else None
+    return copied
+
+
 def run_backend(backend: Backend, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from streamkeeper.client import StreamkeeperClient
     from streamkeeper.runtime.runner import RunOptions, resolve_paths
@@ -260,25 +282,7 @@ def run_backend(backend: Backend, args: argparse.Namespace, work: Path) -> dict[
         }
         print(f"  {backend.name}: {name} {seconds:.2f} s, {figures[name]}", flush=True)
 
-    # The copy and its baseline, alternated and repeated (object-store copies vary run to
-    # run): the ratios are of medians.
-    copied = figures["native_self_contained"]
-    captures, ends, plains = [copied["capture_s"]], [copied["trigger_to_complete_s"]], []
-    for repeat in range(args.copy_repeats):
-        plains.append(plain_copy(client.store, taken["native_pinned"][1].files, f"plain-{repeat}"))
-        if repeat + 1 < args.copy_repeats:
-            seconds, result = take(client, "savepoint", self_contained=True)
-            ends.append(seconds)
-            captures.append(result.timings.get("capture", 0) / 1000)
-    copied["repeats"] = {"capture_s": captures, "trigger_to_complete_s": ends, "plain_s": plains}
-    copied["capture_s"] = statistics.median(captures)
-    copied["trigger_to_complete_s"] = statistics.median(ends)
-    plain_s = statistics.median(plains)
-    copied["plain_copy_s"] = plain_s
-    copied["mb_s"] = copied["bytes"] / MB / copied["trigger_to_complete_s"]
-    copied["plain_copy_mb_s"] = copied["bytes"] / MB / plain_s
-    copied["ratio"] = copied["mb_s"] / copied["plain_copy_mb_s"]
-    copied["capture_ratio"] = plain_s / copied["capture_s"] if copied["capture_s"] else None
+    copied = compare_copy(client, figures["native_self_contained"], taken, args.copy_repeats)
     print(f"  {backend.name}: self-contained {copied}", flush=True)
     canon_id, canon_manifest = taken["canonical"]
     folder = paths.root.child(paths.layout.savepoint(canon_id))
