@@ -225,6 +225,10 @@ def savepoint_dag(entry: JobEntry) -> DAG:
             conn_id=spec.airflow.conn_id,
             format="{{ params.format }}",
             self_contained="{{ params.self_contained }}",
+            # A retry sends the same command id: it reads the result the job gave the
+            # first try (a scheduler race can fail a resumed deferral: triggers/base.py).
+            retries=1,
+            retry_delay=timedelta(seconds=5),
             on_failure_callback=_alert(entry),
         )
     return dag
@@ -252,6 +256,8 @@ def stop_dag(entry: JobEntry) -> DAG:
             mode="{{ params.mode }}",
             savepoint="{{ params.savepoint }}",
             format="{{ params.format }}",
+            retries=1,  # the same command again: see the savepoint task
+            retry_delay=timedelta(seconds=5),
             on_failure_callback=_alert(entry),
         )
     return dag

@@ -30,6 +30,7 @@ COMMON: dict[str, Any] = {
     "root": None,
     "poll_interval": 0.05,
     "deadline": None,
+    "settle": 0.0,
 }
 TRIGGERS: list[tuple[type[ControlPlaneTrigger], dict[str, Any]]] = [
     (

@@ -47,6 +47,7 @@ class _CommandOperator(BaseOperator):
         root: str | None = None,
         result_timeout: float | str = 900.0,
         poll_interval: float = 2.0,
+        quick_wait: float = 20.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -55,6 +56,7 @@ class _CommandOperator(BaseOperator):
         self.root = root
         self.result_timeout = result_timeout
         self.poll_interval = poll_interval
+        self.quick_wait = quick_wait
 
     @cached_property
     def hook(self) -> StreamkeeperHook:
@@ -63,7 +65,7 @@ class _CommandOperator(BaseOperator):
     def command_options(self) -> dict[str, Any]:
         return {}
 
-    def execute(self, context: Context) -> None:
+    def execute(self, context: Context) -> dict[str, Any] | None:
         from streamkeeper_airflow.triggers.commands import CommandResultTrigger
 
         ti = context["ti"]
@@ -73,16 +75,27 @@ class _CommandOperator(BaseOperator):
         )
         self.log.info("sent %s command %s to job %s", self.kind, sent, self.job)
         timeout = float(self.result_timeout)
+        trigger = CommandResultTrigger(
+            conn_id=self.conn_id,
+            job=self.job,
+            root=self.root,
+            poll_interval=self.poll_interval,
+            deadline=time.time() + timeout,
+            command_id=sent,
+            kind=self.kind,
+        )
+        # A running job answers between batches, usually within seconds: wait that long
+        # here, and hand only a longer wait to the triggerer.
+        quick_until = time.monotonic() + min(float(self.quick_wait), timeout)
+        while True:
+            verdict = trigger.check(self.hook, time.time())
+            if verdict.done:
+                return self.execute_complete(context, {"job": self.job, **verdict.payload})
+            if time.monotonic() >= quick_until:
+                break
+            time.sleep(0.5)
         self.defer(
-            trigger=CommandResultTrigger(
-                conn_id=self.conn_id,
-                job=self.job,
-                root=self.root,
-                poll_interval=self.poll_interval,
-                deadline=time.time() + timeout,
-                command_id=sent,
-                kind=self.kind,
-            ),
+            trigger=trigger,
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 60),
         )
@@ -94,6 +107,28 @@ class _CommandOperator(BaseOperator):
         return event
 
 
+def _flag(name: str, value: Any) -> bool:
+    """A boolean option as rendered (native), or as a plain text true/false; else an error.
+
+    `bool("False")` is True: a Param that reached the operator unrendered must not turn
+    into the opposite of what the user chose.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise AirflowFailException(f"{name} must be true or false, got {value!r}")
+
+
+def _savepoint_options(format: str, self_contained: Any) -> dict[str, Any]:
+    if format not in FORMATS:
+        raise AirflowFailException(
+            f"savepoint format {format!r} is not one of {', '.join(FORMATS)}"
+        )
+    return {"format": format, "self_contained": _flag("self_contained", self_contained)}
+
+
 class SavepointOperator(_CommandOperator):
     """Take a savepoint of the running job; returns the result (with `savepoint_id`).
 
@@ -103,7 +138,11 @@ class SavepointOperator(_CommandOperator):
     """
 
     kind = "savepoint"
-    template_fields: Sequence[str] = (*_CommandOperator.template_fields, "format")
+    template_fields: Sequence[str] = (
+        *_CommandOperator.template_fields,
+        "format",
+        "self_contained",
+    )
 
     def __init__(self, *, format: str = "native", self_contained: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
@@ -111,11 +150,7 @@ class SavepointOperator(_CommandOperator):
         self.self_contained = self_contained
 
     def command_options(self) -> dict[str, Any]:
-        if self.format not in FORMATS:
-            raise AirflowFailException(
-                f"savepoint format {self.format!r} is not one of {', '.join(FORMATS)}"
-            )
-        return {"format": self.format, "self_contained": bool(self.self_contained)}
+        return _savepoint_options(self.format, self.self_contained)
 
 
 class StopJobOperator(_CommandOperator):
@@ -127,7 +162,13 @@ class StopJobOperator(_CommandOperator):
         format, self_contained: of that savepoint.
     """
 
-    template_fields: Sequence[str] = (*_CommandOperator.template_fields, "mode", "savepoint")
+    template_fields: Sequence[str] = (
+        *_CommandOperator.template_fields,
+        "mode",
+        "savepoint",
+        "format",
+        "self_contained",
+    )
 
     def __init__(
         self,
@@ -154,7 +195,6 @@ class StopJobOperator(_CommandOperator):
         if self.mode == "cancel":
             return {}
         return {
-            "savepoint": bool(self.savepoint),
-            "format": self.format,
-            "self_contained": bool(self.self_contained),
+            "savepoint": _flag("savepoint", self.savepoint),
+            **_savepoint_options(self.format, self.self_contained),
         }

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from streamkeeper_airflow.hooks.streamkeeper import StreamkeeperHook
 
 DEFAULT_POLL_SECONDS = 5.0
+# Seconds before the first check. Airflow 3.3's scheduler fails a resumed task when the
+# trigger fires before it has drained the executor's event of the deferring attempt
+# (apache/airflow#72716, #66374); waiting first leaves it that time.
+SETTLE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class ControlPlaneTrigger(BaseTrigger):
         root: the storage root, if not the connection's.
         poll_interval: seconds between polls.
         deadline: seconds since the epoch after which the trigger reports an error.
+        settle: seconds before the first check (see SETTLE_SECONDS).
     """
 
     def __init__(
@@ -67,6 +72,7 @@ class ControlPlaneTrigger(BaseTrigger):
         root: str | None = None,
         poll_interval: float = DEFAULT_POLL_SECONDS,
         deadline: float | None = None,
+        settle: float = SETTLE_SECONDS,
     ) -> None:
         super().__init__()
         self.conn_id = conn_id
@@ -74,6 +80,7 @@ class ControlPlaneTrigger(BaseTrigger):
         self.root = root
         self.poll_interval = float(poll_interval)
         self.deadline = deadline
+        self.settle = float(settle)
 
     def _base_kwargs(self) -> dict[str, Any]:
         return {
@@ -82,6 +89,7 @@ class ControlPlaneTrigger(BaseTrigger):
             "root": self.root,
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
+            "settle": self.settle,
         }
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -100,6 +108,7 @@ class ControlPlaneTrigger(BaseTrigger):
         said = None  # the last message logged (a local, not trigger state)
         try:
             hook = await hook_for(self.conn_id, self.root)
+            await asyncio.sleep(self.settle)
             while True:
                 verdict = await asyncio.to_thread(self.check, hook, time.time())
                 if verdict.done:

@@ -1,0 +1,181 @@
+"""The lifecycle DAGs through Airflow itself: a real scheduler (LocalExecutor), task
+execution API, DAG processor and triggerer on a SQLite metadata database, triggered as
+a user would (`airflow dags trigger`), running a real Spark driver on local storage.
+
+start (deferred to the triggerer until the job is RUNNING with a checkpoint) -> savepoint
+(answered within the operator's quick wait) -> stop with a canonical savepoint; the
+canary credential of the connection reaches no component's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.keyed_totals.sample_events import write_event_files
+from streamkeeper.client import StreamkeeperClient
+from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
+from tests.support.airflow_runs import drivers_with_token, stop_driver, task_states, xcoms
+from tests.support.services.airflow import AirflowServices, start_airflow
+
+pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(900)]
+
+JOB = "keyed-totals"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def airflow(
+    tmp_path: Path, conn_env: Any, monkeypatch: pytest.MonkeyPatch, airflow_db: float
+) -> Iterator[tuple[AirflowServices, Path]]:
+    root = tmp_path / "data"
+    root.mkdir()
+    write_event_files(tmp_path / "events", files=3, events_per_file=200)
+    conn_env("streamkeeper_default", str(root))
+    # The sample job without its schedules: only the runs the test triggers happen.
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs" / "keyed_totals", jobs / "keyed_totals")
+    spec = jobs / "keyed_totals" / "job.yaml"
+    text = re.sub(r"(monitor|savepoint)_schedule: .*", r"\1_schedule: null", spec.read_text())
+    spec.write_text(text)
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__JOBS_FOLDER", str(jobs))
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(tmp_path / "work"))
+    monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
+    services = start_airflow(tmp_path / "airflow", {})
+    try:
+        yield services, tmp_path
+    finally:
+        services.stop()
+        beat = root / "jobs" / JOB / "heartbeat.json"
+        if beat.is_file():
+            stop_driver(json.loads(beat.read_text()).get("pid"))
+
+
+def _unpause(dag_id: str, timeout: float = 180) -> None:
+    """Unpause the DAG once the DAG processor has parsed it."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with create_session() as session:
+            if session.query(DagModel).filter_by(dag_id=dag_id).update({"is_paused": False}):
+                return
+        time.sleep(2)
+    raise AssertionError(f"DAG {dag_id} not parsed within {timeout} s")
+
+
+def _trigger_log(dag_id: str, run_id: str, task_id: str) -> str:
+    """What the triggerer logged for the task's deferrals."""
+    folder = Path(os.environ["AIRFLOW_HOME"], "logs", f"dag_id={dag_id}", f"run_id={run_id}")
+    return "".join(p.read_text() for p in folder.glob(f"task_id={task_id}/*.trigger.*.log"))
+
+
+def _trigger(services: AirflowServices, dag_id: str, conf: dict[str, Any]) -> str:
+    """`airflow dags trigger`, as a user would; the run id."""
+    _unpause(dag_id)
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "airflow",
+                "dags",
+                "trigger",
+                dag_id,
+                "--conf",
+                json.dumps(conf),
+                "--output",
+                "json",
+            ],
+            env=services.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode == 0:
+            listing = [line for line in done.stdout.splitlines() if line.startswith("[")]
+            return json.loads(listing[-1])[0]["dag_run_id"]  # after any warning lines
+        if time.monotonic() > deadline:
+            raise AssertionError(f"cannot trigger {dag_id}: {done.stderr[-2000:]}")
+        time.sleep(3)
+
+
+def _finished(dag_id: str, run_id: str, timeout: float = 600) -> str:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with create_session() as session:
+            run = session.query(DagRun).filter_by(dag_id=dag_id, run_id=run_id).one_or_none()
+            state = None if run is None else str(run.state)
+        if state in ("success", "failed"):
+            return state
+        time.sleep(2)
+    raise AssertionError(
+        f"{dag_id} {run_id} still {state} after {timeout} s: {task_states(dag_id, run_id)}"
+    )
+
+
+def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
+    airflow: tuple[AirflowServices, Path],
+) -> None:
+    services, place = airflow
+    client = StreamkeeperClient(str(place / "data"))
+    overrides = {
+        "source.path": str(place / "events"),
+        "checkpoint.dir": str(place / "checkpoint"),
+        "spark.master": "local[2]",
+        "spark.shuffle_partitions": "2",
+    }
+
+    start_run = _trigger(services, f"{JOB}.start", {"overrides": overrides, "new_checkpoints": 1})
+    assert _finished(f"{JOB}.start", start_run) == "success", task_states(f"{JOB}.start", start_run)
+    started = xcoms(f"{JOB}.start", start_run)
+    assert started["start.start"]["action"] == "launched"
+    assert started["start"]["status_report"]["state"] == "RUNNING"
+    token = started["start"]["run_token"]
+    report = client.status(JOB)
+    assert report.state == "RUNNING" and report.runner.run_token == token
+    assert len(drivers_with_token(token)) == 1
+    # The wait ran in the triggerer, not in a worker slot.
+    assert "CheckpointProgressTrigger" in _trigger_log(f"{JOB}.start", start_run, "start")
+
+    savepoint_run = _trigger(
+        services, f"{JOB}.savepoint", {"format": "native", "self_contained": False}
+    )
+    assert _finished(f"{JOB}.savepoint", savepoint_run) == "success"
+    saved = xcoms(f"{JOB}.savepoint", savepoint_run)["savepoint"]
+    assert saved["status"] == "success" and saved["savepoint_id"]
+    entry = {entry.id: entry for entry in client.savepoints(JOB)}[saved["savepoint_id"]]
+    assert (entry.format, entry.storage) == ("native", "pinned")  # the Params, as chosen
+
+    stop_run = _trigger(
+        services, f"{JOB}.stop", {"mode": "stop", "savepoint": True, "format": "canonical"}
+    )
+    assert _finished(f"{JOB}.stop", stop_run) == "success"
+    stopped = xcoms(f"{JOB}.stop", stop_run)["stop"]
+    assert stopped["status"] == "success" and stopped["savepoint_id"]
+    deadline = time.monotonic() + 120
+    while drivers_with_token(token) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not drivers_with_token(token), "the driver still runs after the stop DAG"
+    assert client.status(JOB).runner.state == "STOPPED"
+    formats = sorted(entry.format for entry in client.savepoints(JOB))
+    assert formats == ["canonical", "native"]
+
+    for log in (place / "airflow").glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert CANARY_SECRET not in text and CANARY_KEY not in text, log

@@ -1,0 +1,101 @@
+"""Airflow's components, started one by one on 127.0.0.1, on a test's metadata database.
+
+`airflow standalone` serves logs on every interface, so the api-server (also the task
+execution API), scheduler (LocalExecutor), dag-processor and triggerer are started
+here, each with its log server off. SQLite allows one task at a time (parallelism 1).
+The components share the calling process's AIRFLOW_HOME and database, so a test reads
+DAG runs, task instances and XComs through Airflow's models in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.services.process import HOST, LocalService, Stoppable, free_port
+
+
+@dataclass
+class AirflowServices(Stoppable):
+    """The running components and the environment they share."""
+
+    env: dict[str, str]
+    port: int
+    services: list[LocalService] = field(default_factory=list)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def stop(self, grace: float = 20.0) -> None:
+        for service in reversed(self.services):
+            service.stop(grace)
+
+
+def airflow_env(extra: Mapping[str, str], port: int) -> dict[str, str]:
+    """This process's environment (AIRFLOW_HOME, DAG folder) plus the components' settings."""
+    jwt_secret = secrets.token_hex(16)
+    return {
+        **os.environ,
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "1",  # SQLite: one task at a time
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://{HOST}:{port}/execution/",
+        "AIRFLOW__API__HOST": HOST,
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
+        "AIRFLOW__API_AUTH__JWT_SECRET": jwt_secret,
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        **extra,
+    }
+
+
+def _healthy(port: int) -> bool:
+    with urllib.request.urlopen(f"http://{HOST}:{port}/api/v2/monitor/health", timeout=2) as r:
+        return r.status == 200
+
+
+def start_airflow(
+    work_dir: Path, extra_env: Mapping[str, str], timeout: float = 180.0
+) -> AirflowServices:
+    """Start api-server, scheduler, dag-processor and triggerer; wait for the API.
+
+    Args:
+        work_dir: where each component's log goes (`airflow-{component}.log`).
+        extra_env: more environment for every component (connections, settings).
+    """
+    port = free_port()
+    env = airflow_env(extra_env, port)
+    airflow = [sys.executable, "-m", "airflow"]
+    commands = {
+        "api-server": [*airflow, "api-server", "--host", HOST, "--port", str(port)],
+        "scheduler": [*airflow, "scheduler", "--skip-serve-logs"],
+        "dag-processor": [*airflow, "dag-processor"],
+        "triggerer": [*airflow, "triggerer", "--skip-serve-logs"],
+    }
+    running = AirflowServices(env=env, port=port)
+    try:
+        for name, argv in commands.items():
+            service = LocalService(
+                f"airflow {name}", argv, work_dir / f"airflow-{name}.log", env=env, cwd=work_dir
+            )
+            running.services.append(service.start())
+        started = time.monotonic()
+        running.services[0].wait_until_ready(lambda: _healthy(port), timeout=timeout)
+        for service in running.services[1:]:
+            if not service.is_running():
+                raise service.failure(f"exited {time.monotonic() - started:.0f} s after start")
+    except BaseException:
+        running.stop()
+        raise
+    return running
