@@ -199,6 +199,13 @@ def test_probe_local_ok_and_leaves_nothing(tmp_path: Path) -> None:
     assert LocalStore(tmp_path).list("_probe") == []
 
 
+def test_probes_of_two_drivers_starting_together_do_not_fail_each_other(tmp_path: Path) -> None:
+    other = LocalStore(tmp_path)
+    other.write_json("_probe/other-driver.json", {"probe": True})  # mid-probe
+    probe(Location(str(tmp_path)))
+    assert other.list("_probe") == ["_probe/other-driver.json"]  # not this probe's to remove
+
+
 def test_probe_local_unwritable_names_the_path(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -8,6 +8,7 @@ fails at once.
 
 from __future__ import annotations
 
+import errno
 import uuid
 from typing import Any
 
@@ -76,7 +77,13 @@ def _probe_local(location: Location) -> None:
     store.write_json(key, {"probe": True})
     store.delete([key])
     if isinstance(store, LocalStore):
-        (store.root / "_probe").rmdir()
+        # Another driver starting on this root may be probing too: its file keeps the
+        # folder (and it removes the folder itself), so a folder not empty is no error.
+        try:
+            (store.root / "_probe").rmdir()
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.ENOENT):
+                raise
 
 
 def error_code(error: BaseException) -> str:
