@@ -173,3 +173,28 @@ def test_merge_treats_null_key_as_one_key(target: TableTarget, tmp_path: Path) -
             SinkBatch(target.location.uri, "merge", "exactly_once", ["key"], [staged]), seq=seq
         )
     assert target.open().to_pyarrow_table().to_pylist() == [{"key": None, "total": 1}]
+
+
+def test_recovery_keeps_only_the_files_a_table_references_in_a_seq_folder(
+    target: TableTarget,
+) -> None:
+    """A fenced runner may seal seq 6 after its successor skipped it and committed 7: the
+    table is past 6, but 6's files are not in it, so recovery must not keep them."""
+    from streamkeeper.commit.recovery import _referenced, sweep_precommit_folder
+    from streamkeeper.lineage.layout import LineageLayout
+
+    layout = LineageLayout(target.location, "lin", "job")
+    skipped = append_part(
+        target, f"{layout.precommit_dir(6)}/e1-a.parquet", {"key": ["a"], "total": [1]}
+    )
+    committed = append_part(
+        target, f"{layout.precommit_dir(7)}/e2-b.parquet", {"key": ["b"], "total": [2]}
+    )
+    TableCommitter(target, epoch=2).commit(committed, seq=7)
+    assert target.committed_seq() == 7 and skipped.files
+    assert _referenced(target, layout, 6) == set()
+    assert _referenced(target, layout, 7) == {"e2-b.parquet"}
+    removed = sweep_precommit_folder(target, layout, 6, _referenced(target, layout, 6))
+    assert [uri.rsplit("/", 1)[-1] for uri in removed] == ["e1-a.parquet"]
+    assert sweep_precommit_folder(target, layout, 7, _referenced(target, layout, 7)) == []
+    assert contents(target) == {"b": 2}

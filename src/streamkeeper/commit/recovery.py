@@ -168,8 +168,10 @@ def _discard(coordinator: CommitCoordinator, manifest: Manifest, report: Recover
         if part.mode == "idempotent" and committed and not obsolete:
             kept[name] = part
         elif target is not None and part.output == "append":
-            # Files a table committed stay (a table never loses data); the rest go.
-            keep = {f.path.rsplit("/", 1)[-1] for f in part.files} if committed else set()
+            # Files the table references stay (a table never loses data); the rest go.
+            # The table being past this seq does not mean this seq's files are in it: a
+            # fenced runner may seal a seq its successor skipped (and committed above).
+            keep = _referenced(target, coordinator.layout, manifest.seq) if committed else set()
             report.files_removed += sweep_precommit_folder(
                 target, coordinator.layout, manifest.seq, keep
             )
@@ -179,6 +181,15 @@ def _discard(coordinator: CommitCoordinator, manifest: Manifest, report: Recover
         return True
     coordinator.wal.retire(manifest.seq)
     return False
+
+
+def _referenced(target: TableTarget, layout: LineageLayout, seq: int) -> set[str]:
+    """Names of the files in batch `seq`'s folder that the table's snapshot references."""
+    import pyarrow as pa
+
+    prefix = layout.precommit_dir(seq) + "/"
+    paths = pa.table(target.open().get_add_actions(flatten=True)).column("path").to_pylist()
+    return {path.rsplit("/", 1)[-1] for path in paths if path.startswith(prefix)}
 
 
 def sweep_precommit_folder(
