@@ -24,7 +24,7 @@ from tests.support.airflow_runs import (
     drivers_with_token,
     epochs,
     launch_record,
-    stop_driver,
+    stop_job_drivers,
     task_states,
     xcoms,
 )
@@ -113,15 +113,7 @@ def place(
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__ALERT_SINK", str(place.alerts))
     monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
     yield place
-    _stop_drivers(place.root)
-
-
-def _stop_drivers(root: Path) -> None:
-    """Stop whatever driver a launch record or heartbeat under `root` names."""
-    for path in ("launch.json", "heartbeat.json"):
-        record = root / "jobs" / JOB / path
-        if record.is_file():
-            stop_driver(json.loads(record.read_text()).get("pid"))
+    stop_job_drivers(place.root, JOB)
 
 
 def _no_secret(*texts: str) -> None:

@@ -25,7 +25,7 @@ import pytest
 from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.client import StreamkeeperClient
 from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
-from tests.support.airflow_runs import drivers_with_token, stop_driver, task_states, xcoms
+from tests.support.airflow_runs import drivers_with_token, stop_job_drivers, task_states, xcoms
 from tests.support.services.airflow import AirflowServices, start_airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(900)]
@@ -56,9 +56,7 @@ def airflow(
         yield services, tmp_path
     finally:
         services.stop()
-        beat = root / "jobs" / JOB / "heartbeat.json"
-        if beat.is_file():
-            stop_driver(json.loads(beat.read_text()).get("pid"))
+        stop_job_drivers(root, JOB)
 
 
 def _unpause(dag_id: str, timeout: float = 180) -> None:

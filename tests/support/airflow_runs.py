@@ -90,6 +90,15 @@ def stop_driver(pid: int | None, grace: float = 60.0) -> None:
     psutil.wait_procs([*alive, *children], timeout=10)
 
 
+def stop_job_drivers(root: Path, job: str) -> None:
+    """Stop whatever driver the job's launch record or heartbeat under `root` names (the
+    launch record exists before the driver writes its first heartbeat)."""
+    for name in ("launch.json", "heartbeat.json"):
+        record = root / "jobs" / job / name
+        if record.is_file():
+            stop_driver(json.loads(record.read_text()).get("pid"))
+
+
 def drivers_with_token(token: str) -> list[psutil.Process]:
     """Live processes whose command line carries `--run-token TOKEN` (drivers and launchers)."""
     found = []
