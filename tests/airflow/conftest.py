@@ -25,7 +25,9 @@ def _dags_folder() -> str:
     return str(folder)
 
 
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="sk-airflow-home-"))
+# Always a fresh home: never a deployment's (whose database a test would migrate), and
+# never one inherited from pytest-xdist's controller (two workers on one SQLite file).
+os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="sk-airflow-home-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", _dags_folder())
 
