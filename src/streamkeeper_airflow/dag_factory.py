@@ -112,6 +112,19 @@ def _alert(entry: JobEntry) -> StreamkeeperAlertNotifier:
     return StreamkeeperAlertNotifier(job=entry.name, conn_id=entry.spec.airflow.conn_id)
 
 
+def _command_task(entry: JobEntry) -> dict[str, Any]:
+    """What every command task (savepoint, stop) shares. A retry sends the same command
+    id, so it reads the result the job gave the first try (a scheduler race can fail a
+    resumed deferral: triggers/base.py)."""
+    return {
+        "job": entry.name,
+        "conn_id": entry.spec.airflow.conn_id,
+        "retries": 1,
+        "retry_delay": timedelta(seconds=5),
+        "on_failure_callback": _alert(entry),
+    }
+
+
 def start_dag(entry: JobEntry) -> DAG:
     spec = entry.spec
     params = {
@@ -221,15 +234,9 @@ def savepoint_dag(entry: JobEntry) -> DAG:
     ) as dag:
         SavepointOperator(
             task_id="savepoint",
-            job=entry.name,
-            conn_id=spec.airflow.conn_id,
             format="{{ params.format }}",
             self_contained="{{ params.self_contained }}",
-            # A retry sends the same command id: it reads the result the job gave the
-            # first try (a scheduler race can fail a resumed deferral: triggers/base.py).
-            retries=1,
-            retry_delay=timedelta(seconds=5),
-            on_failure_callback=_alert(entry),
+            **_command_task(entry),
         )
     return dag
 
@@ -251,13 +258,9 @@ def stop_dag(entry: JobEntry) -> DAG:
     ) as dag:
         StopJobOperator(
             task_id="stop",
-            job=entry.name,
-            conn_id=spec.airflow.conn_id,
             mode="{{ params.mode }}",
             savepoint="{{ params.savepoint }}",
             format="{{ params.format }}",
-            retries=1,  # the same command again: see the savepoint task
-            retry_delay=timedelta(seconds=5),
-            on_failure_callback=_alert(entry),
+            **_command_task(entry),
         )
     return dag
