@@ -210,11 +210,11 @@ def _uid_mapping(items: list[str] | None) -> dict[str, str]:
     return mapping
 
 
-def _detach(spec: JobSpec) -> None:
+def _detach(spec: JobSpec, log_name: str | None = None) -> None:
     """Re-run this command without --detach in a new session; the child owns the lease."""
     log_dir = Path(".streamkeeper/logs")
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{spec.name}.log"
+    log_path = log_dir / f"{log_name or spec.name}.log"
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
@@ -602,6 +602,70 @@ def state(
         return
     for rows in found:
         print_table(state_table(f"state of {rows.uid} in {savepoint_id}", rows.rows))
+
+
+@app.command("upgrade-green")
+def upgrade_green(
+    spec_path: SpecArg,
+    upgrade_id: Annotated[str, typer.Option("--upgrade-id", help="The upgrade (its record).")],
+    root: RootOpt = None,
+    checkpoint_dir: CheckpointOpt = None,
+    set_: SetOpt = None,
+    master: Annotated[str | None, typer.Option(help="Spark master.")] = None,
+    run_token: Annotated[
+        str | None, typer.Option("--run-token", help="Recorded in green's heartbeats.")
+    ] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Run in the background; print the pid and log file.")
+    ] = False,
+) -> None:
+    """Run an upgrade's green side: its shadow run, then the handover when it is asked for.
+
+    Started by the upgrade DAG (streamkeeper_airflow) after it created the upgrade record
+    and took blue's savepoint; see src/streamkeeper/upgrade/UPGRADE.md.
+    """
+    from streamkeeper.upgrade.shadow import check_upgrade_id
+
+    _read(lambda: check_upgrade_id(upgrade_id))
+    spec = _load(spec_path, _overrides(root, checkpoint_dir, set_))
+    if detach:
+        _detach(spec, log_name=f"{spec.name}.{upgrade_id}")
+        return
+    from streamkeeper.runtime.runner import main_guard
+    from streamkeeper.upgrade.green import GreenOptions, run_green
+
+    main_guard()
+    options = GreenOptions(upgrade_id, spec_path.parent, run_token=run_token, master=master)
+    try:
+        result = run_green(spec, options)
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    live = None if result is None else {"batches": result.batches, "seq": result.last_committed_seq}
+    typer.echo(json.dumps({"job": spec.name, "upgrade": upgrade_id, "live": live}))
+
+
+@app.command()
+def upgrades(
+    job: JobArg, root: DataRootOpt = ".streamkeeper/data", as_json: JsonOpt = False
+) -> None:
+    """A job's blue-green upgrades: phase, savepoints, validation, handover gap."""
+    from streamkeeper.upgrade.record import UpgradeRecords
+
+    client = _client(root)
+    client_records = UpgradeRecords(client.store, job)
+    found = [r.to_json() for r in _read(client_records.list)]
+    if as_json:
+        _print_json(found)
+        return
+    for record in found:
+        gap = (record.get("handover") or {}).get("gap_s")
+        line = f"{record['id']}  {record['phase']:<18} green={record['green'].get('spec_path')}"
+        if gap is not None:
+            line += f"  gap={gap:.2f}s"
+        if record.get("reason"):
+            line += f"  ({record['reason']})"
+        typer.echo(line)
 
 
 def main() -> None:

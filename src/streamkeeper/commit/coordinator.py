@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from streamkeeper import injection
@@ -26,6 +27,7 @@ from streamkeeper.lineage.control import Fence
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.observability.health import CheckpointHealth
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
+from streamkeeper.state.positions import batch_input
 from streamkeeper.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -179,6 +181,7 @@ class CommitCoordinator:
             "writers": sorted({f.writer for part in manifest.sinks.values() for f in part.files}),
             "committed_at": at,
             "visibility_delay_ms": delay_ms,
+            "input": _batch_input(manifest),
         }
 
     def _maintain(self, versions: dict[str, int]) -> None:
@@ -324,3 +327,15 @@ class CommitCoordinator:
             "pending_commits": len(self._queue),
             "peak_pending_commits": self.stats.peak_pending,
         }
+
+
+def _batch_input(manifest: Manifest) -> list[str | None] | None:
+    """Where the input stood after the batch (upgrades compare two lineages by it).
+
+    Never fails a commit: a checkpoint whose entries are gone records None.
+    """
+    try:
+        return batch_input(Path(manifest.checkpoint_dir), manifest.batch_id)
+    except Exception as error:  # noqa: BLE001 - a fingerprint, not part of the commit
+        log.warning("input position of batch %d unknown: %s", manifest.batch_id, error)
+        return None

@@ -97,6 +97,9 @@ class RunOptions:
     uid_mapping: dict[str, str] = field(default_factory=dict)  # canonical: old uid -> new
     allow_non_restored_state: bool = False  # canonical: state of operators the job lost
     command_poll_interval: float = 1.0  # how often the commands folder is listed
+    # An upgrade's shadow run: (job, lineage) of the running version, whose savepoint
+    # (a folder path) it starts from (streamkeeper.upgrade).
+    shadow_of: tuple[str, str] | None = None
 
 
 @dataclass
@@ -209,6 +212,7 @@ class JobRunner:
             self.paths.checkpoint_dir,
             head_seq=self._committed_seq(),
             allow_rewind=options.allow_rewind,
+            shadow_of=options.shadow_of,
         )
         native = plan.manifest.format == "native"
         if native and (options.uid_mapping or options.allow_non_restored_state):

@@ -67,8 +67,13 @@ def plan_restore(
     *,
     head_seq: int | None,
     allow_rewind: bool,
+    shadow_of: tuple[str, str] | None = None,
 ) -> RestorePlan:
     """Find and check the savepoint; reads only.
+
+    Args:
+        shadow_of: (job, lineage) whose savepoint this job may restore too: an upgrade's
+            shadow run starts from the running version's savepoint (upgrade/).
 
     Raises:
         SavepointError: unknown, broken, of another job or lineage, a rewind not
@@ -78,7 +83,7 @@ def plan_restore(
     place, entry, location = _find(root, store, layout, reference)
     check = check_savepoint(place, _id_of(place, entry), entry=entry, layout=layout)
     manifest = check.raise_if_broken()
-    if (manifest.job, manifest.lineage) != (layout.job, layout.lineage):
+    if (manifest.job, manifest.lineage) not in ((layout.job, layout.lineage), shadow_of):
         raise IncompatibleSavepointError(
             f"savepoint {manifest.id!r} was taken by job {manifest.job!r} (lineage "
             f"{manifest.lineage!r}); this spec runs job {layout.job!r} (lineage "

@@ -285,3 +285,30 @@ def read_offsets_lines(checkpoint_dir: Path, batch_id: int) -> list[str]:
             f"{str(checkpoint_dir)!r} has no offsets/{batch_id}; the bootstrap batch did not run"
         )
     return lines
+
+
+def batch_input(checkpoint_dir: Path, batch_id: int) -> list[str | None]:
+    """Where each source's input stood after batch `batch_id`, comparable across restores.
+
+    A file source's offset counts entries of its own metadata log, which a canonical
+    restore renumbers; its position here is the last file the batch read instead
+    (`file:{path}`, by modification time then path, the order the source reads in). Any
+    other source's offset (a NATS sequence, a Delta version) is its position as is. Reads
+    `offsets/N` and, for file sources, only batch N's log entry (every tenth one is a
+    compaction holding all entries, as the source itself reads it).
+    """
+    positions: list[str | None] = []
+    for index, offset in enumerate(read_offsets_lines(checkpoint_dir, batch_id)[1:]):
+        log_offset = file_log_offset(None if offset == "-" else offset)
+        if log_offset is None:
+            positions.append(None if offset == "-" else offset)
+            continue
+        folder = checkpoint_dir / "sources" / str(index)
+        lines = _read_log(folder / str(log_offset))
+        if lines is None:
+            lines = _read_log(folder / f"{log_offset}.compact") or []
+        entries = [json.loads(line) for line in lines]
+        read = [e for e in entries if int(e.get("batchId", log_offset)) == log_offset]
+        last = max(read, key=lambda e: (e.get("timestamp", 0), e["path"]), default=None)
+        positions.append(None if last is None else f"file:{last['path']}")
+    return positions
