@@ -11,6 +11,10 @@ For each job (dag id `{job}.{action}`, tags `streamkeeper` and the job):
     {job}.savepoint  on `airflow.savepoint_schedule` (or manual); Params: format,
                      self_contained.
     {job}.stop       manual; Params: mode (stop | cancel), savepoint, format.
+    {job}.upgrade    manual; blue-green upgrade to `green_spec_path` (operators/upgrade.py):
+                     savepoint, shadow run, quality gate, handover, probation, rollback.
+    {job}.rollback   manual; Params: savepoint_id, spec_path. Restores the tables to the
+                     savepoint's versions and restarts the job from it.
 
 Parsing stays light: this module imports Airflow's SDK, the operators (whose hooks,
 clients and launchers load only when a task runs) and the spec model (pydantic, yaml);
@@ -35,13 +39,22 @@ from streamkeeper_airflow.operators.commands import FORMATS, SavepointOperator, 
 from streamkeeper_airflow.operators.health import JobHealthOperator
 from streamkeeper_airflow.operators.restart import RestartJobOperator
 from streamkeeper_airflow.operators.start import StartJobOperator
+from streamkeeper_airflow.operators.upgrade import (
+    BeginUpgradeOperator,
+    HandoverOperator,
+    ProbationOperator,
+    RollbackOperator,
+    StartGreenOperator,
+    UpgradeOutcomeOperator,
+    ValidateUpgradeOperator,
+)
 from streamkeeper_airflow.starts import START_FROM
 
 if TYPE_CHECKING:
     from streamkeeper.spec import JobSpec
 
-Action = Literal["start", "monitor", "savepoint", "stop"]
-ACTIONS: tuple[str, ...] = ("start", "monitor", "savepoint", "stop")
+Action = Literal["start", "monitor", "savepoint", "stop", "upgrade", "rollback"]
+ACTIONS: tuple[str, ...] = ("start", "monitor", "savepoint", "stop", "upgrade", "rollback")
 SPEC_GLOB = "*/job.yaml"
 START_DATE = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -87,7 +100,7 @@ def find_jobs(folder: Path) -> list[JobEntry]:
 def generate(action: str, default_jobs_folder: Path) -> dict[str, DAG]:
     """The `action` DAG of every job, by dag id (what a thin DAG file puts in globals())."""
     builders = {"start": start_dag, "monitor": monitor_dag, "savepoint": savepoint_dag}
-    builders["stop"] = stop_dag
+    builders.update(stop=stop_dag, upgrade=upgrade_dag, rollback=rollback_dag)
     if action not in builders:
         raise ValueError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
     folder = settings.jobs_folder(default_jobs_folder)
@@ -262,5 +275,116 @@ def stop_dag(entry: JobEntry) -> DAG:
             savepoint="{{ params.savepoint }}",
             format="{{ params.format }}",
             **_command_task(entry),
+        )
+    return dag
+
+
+UPGRADE_ID = "{{ ti.xcom_pull(task_ids='begin', key='upgrade_id') }}"
+
+
+def upgrade_dag(entry: JobEntry) -> DAG:
+    spec = entry.spec
+    versions = entry.spec_path.parent / "versions"
+    example = next(iter(sorted(versions.glob("*.yaml"))), None) if versions.is_dir() else None
+    params = {
+        "green_spec_path": Param(
+            str(example) if example else "",
+            type="string",
+            minLength=1,
+            description="the new version's spec (same job name)",
+        ),
+        "format": Param(
+            "canonical",
+            enum=list(FORMATS),
+            description="savepoints of blue: canonical (code changed) or native (same state)",
+        ),
+        "overrides": Param({}, type="object", description="green's spec overrides"),
+        "shadow_checkpoints": Param(2, type="integer", minimum=1),
+        "validation_timeout": Param(600, type="integer", minimum=10, description="seconds"),
+        "probation_seconds": Param(300, type="integer", minimum=0),
+        "probation_checkpoints": Param(3, type="integer", minimum=0),
+        "expectations_path": Param(
+            None, type=["null", "string"], description="default: expectations.yaml by the spec"
+        ),
+    }
+    common = {"job": entry.name, "conn_id": spec.airflow.conn_id, "upgrade_id": UPGRADE_ID}
+    with _dag(
+        entry,
+        "upgrade",
+        schedule=None,
+        params=params,
+        description=f"Upgrade {entry.name} blue-green, with a quality gate and rollback",
+        doc_md=__doc__,
+    ) as dag:
+        begin = BeginUpgradeOperator(
+            task_id="begin",
+            job=entry.name,
+            conn_id=spec.airflow.conn_id,
+            green_spec_path="{{ params.green_spec_path }}",
+            blue_spec_path=str(entry.spec_path),
+            format="{{ params.format }}",
+            on_failure_callback=_alert(entry),
+        )
+        start_green = StartGreenOperator(
+            task_id="start_green",
+            **common,
+            launcher=spec.airflow.launcher,
+            overrides="{{ params.overrides }}",
+            new_checkpoints="{{ params.shadow_checkpoints }}",
+        )
+        validate = ValidateUpgradeOperator(
+            task_id="validate",
+            **common,
+            expectations_path="{{ params.expectations_path }}",
+            validation_timeout="{{ params.validation_timeout }}",
+        )
+        handover = HandoverOperator(task_id="handover", **common, on_failure_callback=_alert(entry))
+        probation = ProbationOperator(
+            task_id="probation",
+            **common,
+            probation="{{ params.probation_seconds }}",
+            min_checkpoints="{{ params.probation_checkpoints }}",
+            expectations_path="{{ params.expectations_path }}",
+        )
+        rollback = RollbackOperator(
+            task_id="rollback",
+            **common,
+            launcher=spec.airflow.launcher,
+            trigger_rule="all_done",
+            on_failure_callback=_alert(entry),
+        )
+        outcome = UpgradeOutcomeOperator(task_id="outcome", **common, trigger_rule="all_done")
+        begin >> start_green >> validate >> handover >> probation >> rollback >> outcome
+    return dag
+
+
+def rollback_dag(entry: JobEntry) -> DAG:
+    spec = entry.spec
+    params = {
+        "savepoint_id": Param(
+            "", type="string", minLength=1, description="a savepoint that recorded table versions"
+        ),
+        "spec_path": Param(
+            str(entry.spec_path), type="string", description="the version to run from it"
+        ),
+        "overrides": Param({}, type="object", description="spec overrides"),
+    }
+    with _dag(
+        entry,
+        "rollback",
+        schedule=None,
+        params=params,
+        description=f"Roll {entry.name} back to a savepoint: tables restored, job restarted",
+        doc_md=__doc__,
+    ) as dag:
+        RollbackOperator(
+            task_id="rollback",
+            job=entry.name,
+            conn_id=spec.airflow.conn_id,
+            savepoint_id="{{ params.savepoint_id }}",
+            spec_path="{{ params.spec_path }}",
+            overrides="{{ params.overrides }}",
+            launcher=spec.airflow.launcher,
+            on_failure_callback=_alert(entry),
         )
     return dag

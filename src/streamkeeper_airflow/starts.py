@@ -313,3 +313,23 @@ def _describe(request: LaunchRequest) -> dict[str, Any]:
 def latest_launch(store: ObjectStore, job: str) -> LaunchRecord | None:
     data = store.read_json(launch_key(job))
     return None if data is None else LaunchRecord.from_json(data)
+
+
+def adopt_launch(store: ObjectStore, from_job: str, to_job: str) -> LaunchRecord | None:
+    """Make `from_job`'s launch `to_job`'s (an upgrade's green driver becomes the job's).
+
+    A restart (monitor DAG) then launches the job as green was launched: its spec, its
+    overrides. Compare-and-swap, so a start racing it keeps its own record.
+    """
+    source = latest_launch(store, from_job)
+    if source is None:
+        return None
+    adopted = replace(source, job=to_job, start_from="upgrade")
+    key = launch_key(to_job)
+    for _ in range(8):
+        current, version = store.read_versioned(key)
+        if current is not None and current.get("token") == adopted.token:
+            return adopted
+        if store.write_if(key, adopted.to_json(), version) is not None:
+            return adopted
+    return None

@@ -138,22 +138,20 @@ class JobRunner:
         self._cancelled = False  # a cancel (SIGTERM, cancel command), not a stop
         self._stop_reason: str | None = None  # a stop or cancel command's, for the heartbeat
         self._stop_savepoint: str | None = None
+        self._schemas: dict[str, Any] | None = None  # set by warm_up
+        self._probed = False
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
         # job once it is safe (before its query starts), rather than killing it mid-step.
         self._install_stop_signal()
-        probe(self.paths.root)
+        self._probe()
         self._check_restore_options()
-        spark = build_session(self.spec, self.options.master)
-        log.info("spark session ready (master %s)", spark.sparkContext.master)
-        self._spark = spark
-        self._output = output = build_output(spark, self.spec, self.options.spec_dir)
+        spark, output, schemas = self.warm_up()
         if self._restore is not None and self._restore.manifest.format == "native":
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
 
             check_topology(self._restore.manifest, planned_operators(spark, output))
-        schemas = check_tables(self.spec, self.paths, output)
         self.fence = fence = Fence(
             self.control, self.control.acquire(takeover=self.options.takeover)
         )
@@ -186,6 +184,26 @@ class JobRunner:
         heartbeat.stop(final_state, reason=reason, savepoint_id=self._stop_savepoint)
         self._answer_stop(True, reason)
         return result
+
+    def warm_up(self) -> tuple[Any, Any, dict[str, Any]]:
+        """Start Spark, build the output, check the tables: read-only, and done once.
+
+        An upgrade's green calls it before blue stops, so the handover does not wait for
+        it; `run` calls it otherwise.
+        """
+        if self._schemas is None:
+            self._probe()
+            spark = build_session(self.spec, self.options.master)
+            log.info("spark session ready (master %s)", spark.sparkContext.master)
+            self._spark = spark
+            self._output = build_output(spark, self.spec, self.options.spec_dir)
+            self._schemas = check_tables(self.spec, self.paths, self._output)
+        return self._spark, self._output, self._schemas
+
+    def _probe(self) -> None:
+        if not self._probed:
+            probe(self.paths.root)
+            self._probed = True
 
     def _check_restore_options(self) -> None:
         """Every restore option checked, and the savepoint found and checked: reads only."""

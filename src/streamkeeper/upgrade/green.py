@@ -21,14 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper.errors import StreamkeeperError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.runtime.job import resolve_paths
-from streamkeeper.runtime.runner import RunOptions, RunResult, run_job
+from streamkeeper.runtime.runner import JobRunner, RunOptions, RunResult, run_job
 from streamkeeper.snapshots.savepoint_manifest import SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointRegistry
 from streamkeeper.spec import JobSpec
@@ -80,7 +80,7 @@ def run_green(spec: JobSpec, options: GreenOptions) -> RunResult | None:
     shadow_options = RunOptions(
         master=options.master,
         spec_dir=options.spec_dir,
-        run_token=None if options.run_token is None else f"{options.run_token}-shadow",
+        run_token=options.run_token,  # the shadow job's heartbeats: its starter finds it
         from_savepoint=s0.uri,
         shadow_of=(spec.name, record.lineage),
         command_poll_interval=0.2,
@@ -104,6 +104,13 @@ def _hand_over(
 ) -> RunResult:
     started = time.time()
     records.advance(record.id, ("handover_requested",), "handing_over")
+    # Everything read-only of the live run (Spark, the output, the tables' checks) while
+    # blue still runs: the gap is then blue's stop, the restore and one batch.
+    runner = JobRunner(
+        spec,
+        RunOptions(master=options.master, spec_dir=options.spec_dir, run_token=options.run_token),
+    )
+    runner.warm_up()
     client = StreamkeeperClient(resolve_paths(spec).root.uri)
     fmt = record.green.get("format", "canonical")
     try:
@@ -155,13 +162,8 @@ def _hand_over(
         manifest.seq,
         stopped - started,
     )
-    live = RunOptions(
-        master=options.master,
-        spec_dir=options.spec_dir,
-        run_token=options.run_token,
-        from_savepoint=manifest.id,
-    )
-    return run_job(spec, live)
+    runner.options = replace(runner.options, from_savepoint=manifest.id)
+    return runner.run()
 
 
 def _fail(records: UpgradeRecords, record: UpgradeRecord, reason: str) -> None:

@@ -57,6 +57,7 @@ def begin_upgrade(
     fmt: str = "canonical",
     run_token: str | None = None,
     timeout: float = 600.0,
+    blue_launch: dict[str, Any] | None = None,
 ) -> UpgradeRecord:
     """Savepoint blue without stopping it; record the upgrade in its `shadow` phase.
 
@@ -101,12 +102,14 @@ def begin_upgrade(
             "seq": result.details.get("seq"),
             "checkpoint_dir": job_record.checkpoint_dir,
             "run_token": None if status.runner is None else status.runner.run_token,
+            "launch": blue_launch,  # how blue was launched: a rollback launches it so again
         },
         green={
             "spec_path": green_spec_path,
             "shadow_job": shadow_job_name(job, upgrade_id),
             "format": fmt,
-            "run_token": run_token,
+            "begin_token": run_token,  # who began it (a retried begin finds its record)
+            "run_token": None,  # green's driver's, set when it is launched
         },
     )
     return records.create(record)

@@ -31,10 +31,14 @@ class LaunchRequest:
     from_savepoint: str | None = None  # a savepoint id (the savepoint CLI's option)
     takeover: bool = False
     master: str | None = None  # Spark master; the spec's if None
+    allow_rewind: bool = False  # a savepoint behind the lineage's head (a rollback)
+    # `run`, or `upgrade-green` (an upgrade's green driver, with `--upgrade-id` in extra_args)
+    command: str = "run"
+    extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, repr=False)  # AWS_* credentials
 
     def run_args(self) -> list[str]:
-        """Arguments of `streamkeeper run` (after `run`), without any credential."""
+        """Arguments of the command (after `run`), without any credential."""
         args = [self.spec_path, "--root", self.root, "--run-token", self.run_token]
         if self.checkpoint_dir:
             args += ["--checkpoint-dir", self.checkpoint_dir]
@@ -44,11 +48,13 @@ class LaunchRequest:
             args += ["--from-checkpoint", str(self.from_checkpoint)]
         if self.from_savepoint is not None:
             args += ["--from-savepoint", str(self.from_savepoint)]
+        if self.allow_rewind:
+            args.append("--allow-rewind")
         if self.takeover:
             args.append("--takeover")
         if self.master:
             args += ["--master", self.master]
-        return args
+        return [*args, *self.extra_args]
 
 
 @dataclass(frozen=True)

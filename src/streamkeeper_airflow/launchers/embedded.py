@@ -27,7 +27,7 @@ class EmbeddedLauncher:
         self.python = python or sys.executable
 
     def command(self, request: LaunchRequest) -> list[str]:
-        return [self.python, "-m", "streamkeeper", "run", *request.run_args(), "--detach"]
+        return [self.python, "-m", "streamkeeper", request.command, *request.run_args(), "--detach"]
 
     def launch(self, request: LaunchRequest) -> LaunchedDriver:
         os.makedirs(request.workdir, exist_ok=True)

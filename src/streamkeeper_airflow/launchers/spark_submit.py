@@ -87,7 +87,7 @@ class SparkSubmitLauncher:
             f"streamkeeper-{request.job}",
             *conf,
             str(entry),
-            "run",
+            request.command,
             *request.run_args(),
         ]
 

@@ -1,0 +1,650 @@
+"""Blue-green upgrade tasks: begin, start green, validate, hand over, probation, roll back.
+
+The `{job}.upgrade` DAG chains them; the protocol (phases, what each step writes, why the
+live output stays exactly once) is `streamkeeper/upgrade/UPGRADE.md`. Each task reads
+the upgrade record and acts only in the phase it expects, so a retried task, or a task
+that runs after another failed, never repeats or reverses a step:
+
+    begin >> start_green >> validate >> handover >> probation >> rollback >> outcome
+
+`rollback` and `outcome` run whatever happened before (trigger rule all_done):
+`rollback` acts only when green went live and failed its probation; `outcome` fails
+the run unless the upgrade was promoted, with the reason (rejected, rolled back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from streamkeeper_airflow import settings
+from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+from streamkeeper_airflow.operators.start import StartJobOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from streamkeeper.upgrade.record import UpgradeRecord
+    from streamkeeper_airflow.launchers.base import LaunchRequest
+
+EXPECTATIONS_FILE = "expectations.yaml"
+
+
+def _token(context: Context) -> str:
+    from streamkeeper_airflow.starts import run_token_for
+
+    ti = context["ti"]
+    return run_token_for(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+
+
+def _run_token(context: Context, task_id: str) -> str:
+    """The run token of another task of this DAG run (e.g. the one that launched green)."""
+    from streamkeeper_airflow.starts import run_token_for
+
+    ti = context["ti"]
+    return run_token_for(ti.dag_id, ti.run_id, task_id, -1)
+
+
+def _spec_file(path: str, workdir: str | None = None) -> Path:
+    spec = Path(path)
+    return spec if spec.is_absolute() else Path(workdir or settings.workdir()) / spec
+
+
+class _UpgradeTask(BaseOperator):
+    """What every upgrade task has: the job, its connection, the upgrade's id."""
+
+    template_fields: Sequence[str] = ("job", "conn_id", "root", "upgrade_id")
+    ui_color = "#e8e0f5"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        upgrade_id: str | None = None,
+        conn_id: str = DEFAULT_CONN_ID,
+        root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.upgrade_id = upgrade_id
+        self.conn_id = conn_id
+        self.root = root
+
+    @cached_property
+    def hook(self) -> StreamkeeperHook:
+        return StreamkeeperHook(self.conn_id, root=self.root)
+
+    def record(self) -> UpgradeRecord | None:
+        from streamkeeper.upgrade.record import UpgradeRecords
+
+        if not self.upgrade_id:
+            return None
+        with self.hook._hidden():
+            return UpgradeRecords(self.hook.store, self.job).read(str(self.upgrade_id))
+
+
+class BeginUpgradeOperator(_UpgradeTask):
+    """Savepoint blue (self-contained, blue keeps running) and record the upgrade.
+
+    Returns (XCom) the upgrade's id, blue's savepoint and green's shadow job. A retry
+    finds the record its first try made (by run token) and takes no second savepoint.
+
+    Args:
+        green_spec_path: the new version's spec (same job name).
+        blue_spec_path: the running version's spec (default: as it was last launched).
+        format: of the savepoints S0 and S1 (canonical unless the state layout is equal).
+    """
+
+    template_fields: Sequence[str] = (
+        *_UpgradeTask.template_fields,
+        "green_spec_path",
+        "blue_spec_path",
+        "format",
+        "savepoint_timeout",
+    )
+
+    def __init__(
+        self,
+        *,
+        green_spec_path: str,
+        blue_spec_path: str | None = None,
+        format: str = "canonical",
+        savepoint_timeout: float | str = 600.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.green_spec_path = green_spec_path
+        self.blue_spec_path = blue_spec_path
+        self.format = format
+        self.savepoint_timeout = savepoint_timeout
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from streamkeeper.errors import SpecError, StreamkeeperError
+        from streamkeeper.spec import load_spec
+        from streamkeeper.upgrade.record import UpgradeRecords
+        from streamkeeper.upgrade.shadow import new_upgrade_id
+        from streamkeeper.upgrade.steps import begin_upgrade
+        from streamkeeper_airflow.starts import latest_launch
+
+        if self.format not in ("native", "canonical"):
+            raise AirflowFailException(f"format {self.format!r} is not one of native, canonical")
+        green = _spec_file(self.green_spec_path)
+        try:
+            spec = load_spec(green)
+        except SpecError as error:
+            raise AirflowFailException(str(error)) from None
+        if spec.name != self.job:
+            raise AirflowFailException(
+                f"green spec {str(green)!r} is job {spec.name!r}, not {self.job!r}: an upgrade "
+                "keeps the job's name (and lineage)"
+            )
+        token = _token(context)
+        launch = latest_launch(self.hook.store, self.job)
+        blue_spec = self.blue_spec_path or (launch.request.get("spec_path") if launch else None)
+        with self.hook._hidden():
+            records = UpgradeRecords(self.hook.store, self.job)
+            mine = [r for r in records.list() if r.green.get("begin_token") == token]
+            upgrade_id = mine[-1].id if mine else new_upgrade_id()
+            try:
+                record = begin_upgrade(
+                    self.hook.client,
+                    self.job,
+                    upgrade_id,
+                    green_spec_path=str(green),
+                    blue_spec_path=blue_spec,
+                    fmt=self.format,
+                    run_token=token,
+                    timeout=float(self.savepoint_timeout),
+                    blue_launch=None if launch is None else launch.request,
+                )
+            except StreamkeeperError as error:
+                raise AirflowFailException(f"upgrade of {self.job!r} not begun: {error}") from None
+        self.log.info(
+            "upgrade %s: blue's savepoint %s; green's shadow job %s",
+            record.id,
+            record.blue["savepoint"],
+            record.green["shadow_job"],
+        )
+        context["ti"].xcom_push(key="upgrade_id", value=record.id)
+        return {
+            "upgrade_id": record.id,
+            "savepoint": record.blue["savepoint"],
+            "shadow_job": record.green["shadow_job"],
+        }
+
+
+class StartGreenOperator(StartJobOperator):
+    """Launch green's driver (`streamkeeper upgrade-green`) and wait for its shadow run to
+    be RUNNING with `new_checkpoints` checkpoints. Green runs with blue's launch settings
+    (overrides, checkpoint directory) unless told otherwise."""
+
+    template_fields: Sequence[str] = (*StartJobOperator.template_fields, "upgrade_id")
+
+    def __init__(self, *, upgrade_id: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("spec_path", "")
+        super().__init__(**kwargs)
+        self.upgrade_id = upgrade_id
+
+    def launch_request(self, context: Context) -> LaunchRequest:
+        from streamkeeper.upgrade.record import UpgradeRecords
+
+        if not self.upgrade_id:
+            raise AirflowFailException("no upgrade to start green for (the begin task failed)")
+        with self.hook._hidden():
+            record = UpgradeRecords(self.hook.store, self.job).read(str(self.upgrade_id))
+        if record.phase != "shadow":
+            raise AirflowFailException(
+                f"upgrade {record.id!r} is {record.phase} ({record.reason}); green starts in "
+                "the shadow phase only"
+            )
+        blue_launch = record.blue.get("launch") or {}
+        self.spec_path = record.green["spec_path"]
+        self.overrides = {**(blue_launch.get("overrides") or {}), **(self.overrides or {})}
+        self.workdir = self.workdir or blue_launch.get("workdir")
+        self.spark_master = self.spark_master or blue_launch.get("master")
+        self.start_from = "resume"
+        request = super().launch_request(context)
+        with self.hook._hidden():  # probation and rollback recognise green's driver by it
+            UpgradeRecords(self.hook.store, self.job).update(
+                record.id, lambda r: r.green.update(run_token=request.run_token)
+            )
+        self.job = record.green["shadow_job"]  # from here on: the shadow run's control plane
+        return replace(
+            request,
+            job=self.job,
+            command="upgrade-green",
+            extra_args=("--upgrade-id", record.id),
+            checkpoint_dir=request.checkpoint_dir or record.blue.get("checkpoint_dir"),
+        )
+
+
+class ValidateUpgradeOperator(_UpgradeTask):
+    """The quality gate: green's shadow output against blue's over the same input, and the
+    job's Great Expectations suite on green's shadow tables. Invalid: green is stopped,
+    blue keeps running untouched, and the task fails with the reason.
+
+    Args:
+        expectations_path: the suite (default: `expectations.yaml` beside the job's spec).
+        validation_timeout: seconds to wait for blue and green to reach a common input
+            position (green catches up from the savepoint first).
+    """
+
+    template_fields: Sequence[str] = (
+        *_UpgradeTask.template_fields,
+        "expectations_path",
+        "validation_timeout",
+    )
+
+    def __init__(
+        self,
+        *,
+        expectations_path: str | None = None,
+        validation_timeout: float | str = 600.0,
+        poll_interval: float = 2.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.expectations_path = expectations_path
+        self.validation_timeout = validation_timeout
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from streamkeeper.upgrade.record import UpgradeRecords
+        from streamkeeper.upgrade.steps import reject_upgrade
+
+        record = self.record()
+        if record is None:
+            raise AirflowFailException("no upgrade to validate (the begin task failed)")
+        if record.phase != "shadow":
+            if record.validation and record.validation.get("success"):
+                return record.validation  # a retry after the gate passed
+            raise AirflowFailException(f"upgrade {record.id!r} is {record.phase}: {record.reason}")
+        validation = self._validate(record)
+        with self.hook._hidden():
+            records = UpgradeRecords(self.hook.store, self.job)
+            records.update(record.id, lambda r: setattr(r, "validation", validation))
+            if not validation["success"]:
+                reject_upgrade(self.hook.client, self.job, record.id, validation["reason"])
+        if not validation["success"]:
+            raise AirflowFailException(
+                f"upgrade {record.id!r} rejected: {validation['reason']}; green was stopped, "
+                f"blue keeps running untouched"
+            )
+        self.log.info("upgrade %s validated: %s", record.id, validation["reason"])
+        return validation
+
+    def _validate(self, record: UpgradeRecord) -> dict[str, Any]:
+        from streamkeeper.spec import load_spec
+        from streamkeeper.upgrade.steps import compare_with_blue, shadow_tables
+
+        spec = load_spec(record.green["spec_path"])
+        keys = {s.name: (list(s.key) if s.output == "merge" else None) for s in spec.sinks}
+        deadline = time.monotonic() + float(self.validation_timeout)
+        with self.hook._hidden():
+            while True:
+                comparison = compare_with_blue(self.hook.client, record, keys)
+                if comparison.position is not None or time.monotonic() > deadline:
+                    break
+                self.log.info("%s", comparison.reason)
+                time.sleep(self.poll_interval)
+            quality = self._quality(record, shadow_tables(self.hook.client, record, list(keys)))
+        reasons = [] if comparison.success else [comparison.reason]
+        if quality is not None and not quality["success"]:
+            reasons.append(f"quality gate: {quality['summary']}")
+        return {
+            "success": not reasons,
+            "reason": "; ".join(reasons) or f"{comparison.reason}; quality gate passed",
+            "comparison": comparison.to_json(),
+            "quality": quality,
+        }
+
+    def _quality(self, record: UpgradeRecord, tables: dict[str, str]) -> dict[str, Any] | None:
+        return run_quality_gate(
+            self.expectations_path, record, {s: (uri, None) for s, uri in tables.items()}, self.log
+        )
+
+
+def expectations_file(path: str | None, record: UpgradeRecord) -> Path | None:
+    """The suite: the given path, else beside green's spec, else beside blue's."""
+    if path:
+        return _spec_file(path)
+    for spec in (record.green.get("spec_path"), record.blue.get("spec_path")):
+        if spec and (Path(spec).parent / EXPECTATIONS_FILE).is_file():
+            return Path(spec).parent / EXPECTATIONS_FILE
+    return None
+
+
+def run_quality_gate(
+    path: str | None,
+    record: UpgradeRecord,
+    tables: dict[str, tuple[str, int | None]],
+    log: Any,
+) -> dict[str, Any] | None:
+    """Great Expectations over `tables` (sink -> URI, version); None without a suite."""
+    suite_path = expectations_file(path, record)
+    if suite_path is None:
+        log.warning(
+            "no expectation suite (%s) for %s: quality gate skipped", EXPECTATIONS_FILE, record.job
+        )
+        return None
+    from streamkeeper.upgrade.quality import load_expectations, validate_tables
+
+    suite = load_expectations(suite_path)
+    report = validate_tables(tables, suite)
+    return {**report.to_json(), "summary": report.summary(), "suite": str(suite_path)}
+
+
+class HandoverOperator(_UpgradeTask):
+    """Ask green to take over and wait until it committed its first live batch.
+
+    Green stops its shadow run, stops blue with a savepoint at a batch boundary and
+    continues the lineage from it (UPGRADE.md). Returns the handover: blue's stop
+    savepoint, the table versions at it, and the gap between blue's last live commit and
+    green's first. The job's launch record becomes green's, so a restart (monitor DAG)
+    launches the new version.
+    """
+
+    template_fields: Sequence[str] = (*_UpgradeTask.template_fields, "handover_timeout")
+
+    def __init__(
+        self, *, handover_timeout: float | str = 600.0, poll_interval: float = 0.2, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.handover_timeout = handover_timeout
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from streamkeeper.upgrade.record import UpgradeRecords
+        from streamkeeper.upgrade.steps import handover_gap, record_gap, request_handover
+        from streamkeeper_airflow.starts import adopt_launch
+
+        record = self.record()
+        if record is None:
+            raise AirflowFailException("no upgrade to hand over (the begin task failed)")
+        deadline = time.monotonic() + float(self.handover_timeout)
+        with self.hook._hidden():
+            client = self.hook.client
+            request_handover(client, self.job, record.id)
+            records = UpgradeRecords(client.store, self.job)
+            while True:
+                record = records.read(record.id)
+                if record.phase == "failed":
+                    raise AirflowFailException(f"handover failed: {record.reason}")
+                gap = handover_gap(client, record) if record.phase in ("live", "promoted") else None
+                if gap is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise AirflowFailException(
+                        f"upgrade {record.id!r} is {record.phase} after "
+                        f"{float(self.handover_timeout):.0f}s: green did not commit a live "
+                        "batch; see green's log (the launch record of its shadow job)"
+                    )
+                time.sleep(self.poll_interval)
+            record_gap(client, self.job, record.id, gap)
+            adopt_launch(client.store, record.green["shadow_job"], self.job)
+        self.log.info(
+            "upgrade %s live: blue stopped with savepoint %s; gap %.2fs (blue's last commit "
+            "to green's first)",
+            record.id,
+            record.handover["blue_savepoint"],
+            gap.gap_s,
+        )
+        return {**(record.handover or {}), "gap_s": round(gap.gap_s, 3)}
+
+
+class ProbationOperator(_UpgradeTask):
+    """Green on probation: healthy (RUNNING, by its run token) for `probation` seconds with
+    `min_checkpoints` new checkpoints, then the quality gate on the live tables. Passed:
+    the upgrade is promoted. Failed: the task fails with the reason (the rollback task
+    then returns the job to blue).
+    """
+
+    template_fields: Sequence[str] = (
+        *_UpgradeTask.template_fields,
+        "probation",
+        "min_checkpoints",
+        "expectations_path",
+    )
+
+    def __init__(
+        self,
+        *,
+        probation: float | str = 300.0,
+        min_checkpoints: int | str = 3,
+        degraded_grace: float = 30.0,
+        expectations_path: str | None = None,
+        poll_interval: float = 2.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.probation = probation
+        self.min_checkpoints = min_checkpoints
+        self.degraded_grace = degraded_grace
+        self.expectations_path = expectations_path
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from streamkeeper.upgrade.steps import promote_upgrade
+
+        record = self.record()
+        if record is None or record.phase != "live":
+            phase = "missing" if record is None else record.phase
+            raise AirflowFailException(f"no live upgrade on probation (upgrade {phase})")
+        verdict = self._watch(record)
+        if verdict["passed"]:
+            with self.hook._hidden():
+                promote_upgrade(self.hook.client, self.job, record.id, verdict)
+            self.log.info("upgrade %s promoted: %s", record.id, verdict["reason"])
+            return verdict
+        self._record_failure(record, verdict)
+        raise AirflowFailException(
+            f"upgrade {record.id!r} failed its probation: {verdict['reason']}"
+        )
+
+    def _watch(self, record: UpgradeRecord) -> dict[str, Any]:
+        token = record.green.get("run_token")
+        first_seq = int(record.handover.get("green_first_seq", record.handover["seq"] + 1))
+        started = time.time()
+        end = started + float(self.probation)
+        degraded_since: float | None = None
+        while True:
+            status = self.hook.status(self.job)
+            runner = status.runner
+            if (
+                runner is None
+                or runner.run_token != token
+                or runner.state not in ("RUNNING", "STARTING")
+            ):
+                who = "no runner" if runner is None else f"{runner.state} ({runner.reason})"
+                return _verdict(False, f"green is not running: {who}", started)
+            if status.state in ("FAILING", "FAILED"):
+                return _verdict(False, f"green is {status.state}: {status.reason}", started)
+            if status.state == "DEGRADED":
+                degraded_since = degraded_since or time.time()
+                if time.time() - degraded_since > self.degraded_grace:
+                    return _verdict(False, f"green stayed DEGRADED: {status.reason}", started)
+            else:
+                degraded_since = None
+            if time.time() >= end:
+                break
+            time.sleep(self.poll_interval)
+        head = -1 if status.head is None else status.head.seq
+        new = head - first_seq + 1
+        if new < int(self.min_checkpoints):
+            return _verdict(
+                False,
+                f"green completed {new} checkpoints in {float(self.probation):.0f}s, fewer "
+                f"than {self.min_checkpoints}",
+                started,
+            )
+        quality = run_quality_gate(
+            self.expectations_path,
+            record,
+            {name: (uri, None) for name, uri in status.tables.items()},
+            self.log,
+        )
+        if quality is not None and not quality["success"]:
+            return _verdict(
+                False, f"quality gate on the live tables: {quality['summary']}", started, quality
+            )
+        return _verdict(
+            True, f"healthy for {float(self.probation):.0f}s, {new} checkpoints", started, quality
+        )
+
+    def _record_failure(self, record: UpgradeRecord, verdict: dict[str, Any]) -> None:
+        from streamkeeper.upgrade.record import UpgradeRecords
+
+        with self.hook._hidden():
+            UpgradeRecords(self.hook.store, self.job).update(
+                record.id, lambda r: setattr(r, "probation", verdict)
+            )
+
+
+def _verdict(
+    passed: bool, reason: str, started: float, quality: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "passed": passed,
+        "reason": reason,
+        "started_at": started,
+        "ended_at": time.time(),
+        "quality": quality,
+    }
+
+
+class RollbackOperator(StartJobOperator):
+    """Return the job to a savepoint: stop the running driver, fence the lineage, Delta
+    RESTORE every table to the savepoint's versions, set the checkpoint directory aside
+    and start from the savepoint (`--allow-rewind --takeover`); succeed once it runs and
+    checkpoints. Live output stays exactly once (UPGRADE.md).
+
+    With `upgrade_id` it rolls back that upgrade, and only if green went live and failed
+    its probation (else it skips): to blue's stop savepoint, with blue's spec and launch.
+    Without, to `savepoint_id` with `spec_path` (on demand, the rollback DAG).
+    """
+
+    template_fields: Sequence[str] = (*StartJobOperator.template_fields, "upgrade_id")
+
+    def __init__(self, *, upgrade_id: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("spec_path", "")
+        kwargs.setdefault("new_checkpoints", 1)
+        super().__init__(**kwargs)
+        self.upgrade_id = upgrade_id
+
+    def execute(self, context: Context) -> Any:
+        from streamkeeper.upgrade.record import UpgradeRecords
+        from streamkeeper_airflow.starts import latest_launch
+
+        token = _token(context)
+        records = UpgradeRecords(self.hook.store, self.job)
+        record = self._upgrade(records)
+        if record is not None:
+            self.savepoint_id = record.handover["blue_savepoint"]
+            launch = record.blue.get("launch") or {}
+            self.spec_path = record.blue.get("spec_path") or self.spec_path
+            self.overrides = {**(launch.get("overrides") or {}), **(self.overrides or {})}
+            self.workdir = self.workdir or launch.get("workdir")
+            self.spark_master = self.spark_master or launch.get("master")
+        if not self.savepoint_id or not self.spec_path:
+            raise AirflowFailException(
+                "a rollback needs savepoint_id (see `streamkeeper savepoints JOB`) and the "
+                f"spec_path to restore it with; got {self.savepoint_id!r}, {self.spec_path!r}"
+            )
+        launched = latest_launch(self.hook.store, self.job)
+        if launched is None or launched.token != token:  # a retry after the launch skips this
+            restored = self._restore(context, record)
+            if record is not None:
+                records.advance(
+                    record.id, ("live", "rolling_back"), "rolling_back", rollback=restored
+                )
+        self.start_from = "savepoint"
+        self.takeover = True
+        return super().execute(context)
+
+    def _upgrade(self, records: Any) -> UpgradeRecord | None:
+        if not self.upgrade_id:
+            return None
+        record = records.read(str(self.upgrade_id))
+        failed = record.probation is not None and not record.probation.get("passed", True)
+        if record.phase == "rolling_back" or (record.phase == "live" and failed):
+            return record
+        raise AirflowSkipException(
+            f"upgrade {record.id!r} is {record.phase}: nothing to roll back"
+            f"{' (blue was never stopped)' if record.phase == 'rejected' else ''}"
+        )
+
+    def _restore(self, context: Context, record: UpgradeRecord | None) -> dict[str, Any]:
+        from streamkeeper.upgrade.steps import restore_tables, savepoint_manifest, set_aside
+
+        client = self.hook.client
+        self._stop_running(context)
+        job_record = client.job_record(self.job)
+        with self.hook._hidden():
+            manifest = savepoint_manifest(client, job_record.lineage, str(self.savepoint_id))
+            already = None if record is None else (record.rollback or {}).get("tables")
+            restored = already or restore_tables(client, self.job, manifest).to_json()
+        label = f"rollback-{_token(context)[-8:]}"
+        aside = set_aside(job_record.checkpoint_dir, label) if job_record.checkpoint_dir else None
+        self.log.info("tables restored to savepoint %s: %s", manifest.id, restored)
+        return {"savepoint": manifest.id, **restored, "checkpoint_set_aside": aside}
+
+    def _stop_running(self, context: Context) -> None:
+        from streamkeeper_airflow.operators.commands import command_id_for
+        from streamkeeper_airflow.starts import runner_live
+
+        status = self.hook.status(self.job, missing_ok=True)
+        if not runner_live(status):
+            return
+        ti = context["ti"]
+        command = command_id_for("cancel", ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        self.hook.send_command(self.job, "cancel", command_id=command)
+        deadline = time.monotonic() + 300
+        while runner_live(self.hook.status(self.job, missing_ok=True)):
+            if time.monotonic() > deadline:
+                raise AirflowFailException(f"job {self.job!r} did not stop within 300s")
+            time.sleep(1.0)
+
+    def launch_request(self, context: Context) -> LaunchRequest:
+        return replace(super().launch_request(context), allow_rewind=True)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        from streamkeeper.upgrade.record import UpgradeRecords
+
+        result = super().execute_complete(context, event)
+        if self.upgrade_id:
+            with self.hook._hidden():
+                UpgradeRecords(self.hook.store, self.job).advance(
+                    str(self.upgrade_id),
+                    ("rolling_back",),
+                    "rolled_back",
+                    reason="green failed its probation; blue runs again from its stop savepoint",
+                )
+        return result
+
+
+class UpgradeOutcomeOperator(_UpgradeTask):
+    """The run's verdict: succeeds if the upgrade was promoted, else fails with why."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        record = self.record()
+        if record is None:
+            raise AirflowFailException("the upgrade did not begin (see the begin task's log)")
+        summary = {
+            "upgrade_id": record.id,
+            "phase": record.phase,
+            "reason": record.reason,
+            "gap_s": (record.handover or {}).get("gap_s"),
+        }
+        if record.phase != "promoted":
+            raise AirflowFailException(
+                f"upgrade {record.id!r} ended {record.phase}: {record.reason or 'see the tasks'}"
+            )
+        return summary
