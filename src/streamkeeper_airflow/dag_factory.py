@@ -301,7 +301,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
         "overrides": Param({}, type="object", description="green's spec overrides"),
         "shadow_checkpoints": Param(2, type="integer", minimum=1),
         "validation_timeout": Param(600, type="integer", minimum=10, description="seconds"),
-        "probation_seconds": Param(300, type="integer", minimum=0),
+        "probation_seconds": Param(300, type="integer", minimum=0, description="seconds"),
         "probation_checkpoints": Param(3, type="integer", minimum=0),
         "expectations_path": Param(
             None, type=["null", "string"], description="default: expectations.yaml by the spec"

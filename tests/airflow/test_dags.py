@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO
 
 HEAVY = ("pyspark", "boto3", "botocore", "great_expectations", "deltalake", "pyarrow")
-ACTIONS = ("start", "monitor", "savepoint", "stop")
+ACTIONS = ("start", "monitor", "savepoint", "stop", "upgrade", "rollback")
 
 
 def _python(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
@@ -80,6 +80,13 @@ def test_every_dag_imports_light_and_fast(tmp_path: Path) -> None:
     assert "*/5 * * * *" in monitor["schedule"]
     assert "0 * * * *" in bag["dags"]["keyed-totals.savepoint"]["schedule"]  # the spec's cron
     assert bag["dags"]["keyed-totals.stop"]["params"] == ["format", "mode", "savepoint"]
+    upgrade = bag["dags"]["keyed-totals.upgrade"]
+    assert upgrade["tasks"] == sorted(
+        ["begin", "start_green", "validate", "handover", "probation", "rollback", "outcome"]
+    )
+    assert {"green_spec_path", "format", "probation_seconds"} <= set(upgrade["params"])
+    rollback = bag["dags"]["keyed-totals.rollback"]
+    assert rollback["params"] == ["overrides", "savepoint_id", "spec_path"]
     assert bag["seconds"] < 20, bag["files"]
 
 
@@ -91,7 +98,7 @@ def test_a_bad_spec_is_skipped_with_a_warning_and_the_others_stay(tmp_path: Path
     (jobs / "bad" / "job.yaml").write_text("name: Bad Name\nsource: {type: rate}\n")
     bag = _python(DAGBAG, tmp_path, AIRFLOW__STREAMKEEPER__JOBS_FOLDER=str(jobs))
     assert bag["errors"] == {}
-    assert "keyed-totals.start" in bag["dags"] and len(bag["dags"]) == 4
+    assert "keyed-totals.start" in bag["dags"] and len(bag["dags"]) == len(ACTIONS)
     warned = " ".join(w for ws in bag["warnings"].values() for w in ws)
     assert "bad/job.yaml skipped" in warned and "name:" in warned
 
@@ -124,6 +131,10 @@ print(json.dumps(out))
     assert monitor["restart"]["type"] == "RestartJobOperator" and monitor["restart"]["teardown"]
     assert out["keyed-totals.savepoint"]["savepoint"]["type"] == "SavepointOperator"
     assert out["keyed-totals.stop"]["stop"]["type"] == "StopJobOperator"
+    upgrade = out["keyed-totals.upgrade"]
+    assert upgrade["start_green"]["type"] == "StartGreenOperator"
+    assert "upgrade_id" in upgrade["probation"]["template_fields"]
+    assert out["keyed-totals.rollback"]["rollback"]["type"] == "RollbackOperator"
 
 
 def _distribution_with_provider_entry_point(target: Path) -> Path:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -397,14 +398,21 @@ class HandoverOperator(_UpgradeTask):
             record.handover["blue_savepoint"],
             gap.gap_s,
         )
-        return {**(record.handover or {}), "gap_s": round(gap.gap_s, 3)}
+        return {
+            **(record.handover or {}),
+            "gap_s": round(gap.gap_s, 3),
+            "green_first_seq": gap.green_first_seq,
+            "blue_last_commit_at": gap.blue_last_commit_at,
+            "green_first_commit_at": gap.green_first_commit_at,
+        }
 
 
 class ProbationOperator(_UpgradeTask):
-    """Green on probation: healthy (RUNNING, by its run token) for `probation` seconds with
-    `min_checkpoints` new checkpoints, then the quality gate on the live tables. Passed:
-    the upgrade is promoted. Failed: the task fails with the reason (the rollback task
-    then returns the job to blue).
+    """Green on probation: healthy on its own runner for `probation` seconds (deferred to
+    the triggerer: `JobHealthyTrigger`; DEGRADED is tolerated, FAILING, FAILED or another
+    runner end it), then `min_checkpoints` new checkpoints and the quality gate on the
+    live tables. Passed: the upgrade is promoted. Failed: the task fails with the reason
+    (the rollback task then returns the job to blue).
     """
 
     template_fields: Sequence[str] = (
@@ -419,7 +427,6 @@ class ProbationOperator(_UpgradeTask):
         *,
         probation: float | str = 300.0,
         min_checkpoints: int | str = 3,
-        degraded_grace: float = 30.0,
         expectations_path: str | None = None,
         poll_interval: float = 2.0,
         **kwargs: Any,
@@ -427,85 +434,85 @@ class ProbationOperator(_UpgradeTask):
         super().__init__(**kwargs)
         self.probation = probation
         self.min_checkpoints = min_checkpoints
-        self.degraded_grace = degraded_grace
         self.expectations_path = expectations_path
         self.poll_interval = poll_interval
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(self, context: Context) -> None:
+        from streamkeeper_airflow.triggers.checkpoints import JobHealthyTrigger
+
+        record = self._live()
+        status = self.hook.status(self.job)
+        runner = status.runner
+        if runner is None or runner.run_token != record.green.get("run_token"):
+            who = "no runner" if runner is None else f"token {runner.run_token} ({runner.state})"
+            self._fail(record, f"green is not the job's runner: {who}", time.time())
+        now, probation = time.time(), float(self.probation)
+        self.defer(
+            trigger=JobHealthyTrigger(
+                conn_id=self.conn_id,
+                job=self.job,
+                root=self.root,
+                poll_interval=self.poll_interval,
+                deadline=now + probation + 600,
+                started_at=now,
+                probation=probation,
+                epoch=runner.epoch,
+                tolerate_degraded=True,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=probation + 660),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         from streamkeeper.upgrade.steps import promote_upgrade
 
+        record = self._live()
+        started = time.time() - float(self.probation)
+        if event.get("status") != "success":
+            self._fail(record, str(event.get("message", "green was unhealthy")), started)
+        status = self.hook.status(self.job)
+        first = int(record.handover.get("green_first_seq", record.handover["seq"] + 1))
+        new = (-1 if status.head is None else status.head.seq) - first + 1
+        if new < int(self.min_checkpoints):
+            self._fail(
+                record,
+                f"green completed {new} checkpoints on probation, fewer than "
+                f"{self.min_checkpoints}",
+                started,
+            )
+        tables = {name: (uri, None) for name, uri in status.tables.items()}
+        quality = run_quality_gate(self.expectations_path, record, tables, self.log)
+        if quality is not None and not quality["success"]:
+            reason = f"quality gate on the live tables: {quality['summary']}"
+            self._fail(record, reason, started, quality)
+        verdict = _verdict(True, f"healthy, {new} checkpoints on probation", started, quality)
+        with self.hook._hidden():
+            promote_upgrade(self.hook.client, self.job, record.id, verdict)
+        self.log.info("upgrade %s promoted: %s", record.id, verdict["reason"])
+        return verdict
+
+    def _live(self) -> UpgradeRecord:
         record = self.record()
         if record is None or record.phase != "live":
             phase = "missing" if record is None else record.phase
             raise AirflowFailException(f"no live upgrade on probation (upgrade {phase})")
-        verdict = self._watch(record)
-        if verdict["passed"]:
-            with self.hook._hidden():
-                promote_upgrade(self.hook.client, self.job, record.id, verdict)
-            self.log.info("upgrade %s promoted: %s", record.id, verdict["reason"])
-            return verdict
-        self._record_failure(record, verdict)
-        raise AirflowFailException(
-            f"upgrade {record.id!r} failed its probation: {verdict['reason']}"
-        )
+        return record
 
-    def _watch(self, record: UpgradeRecord) -> dict[str, Any]:
-        token = record.green.get("run_token")
-        first_seq = int(record.handover.get("green_first_seq", record.handover["seq"] + 1))
-        started = time.time()
-        end = started + float(self.probation)
-        degraded_since: float | None = None
-        while True:
-            status = self.hook.status(self.job)
-            runner = status.runner
-            if (
-                runner is None
-                or runner.run_token != token
-                or runner.state not in ("RUNNING", "STARTING")
-            ):
-                who = "no runner" if runner is None else f"{runner.state} ({runner.reason})"
-                return _verdict(False, f"green is not running: {who}", started)
-            if status.state in ("FAILING", "FAILED"):
-                return _verdict(False, f"green is {status.state}: {status.reason}", started)
-            if status.state == "DEGRADED":
-                degraded_since = degraded_since or time.time()
-                if time.time() - degraded_since > self.degraded_grace:
-                    return _verdict(False, f"green stayed DEGRADED: {status.reason}", started)
-            else:
-                degraded_since = None
-            if time.time() >= end:
-                break
-            time.sleep(self.poll_interval)
-        head = -1 if status.head is None else status.head.seq
-        new = head - first_seq + 1
-        if new < int(self.min_checkpoints):
-            return _verdict(
-                False,
-                f"green completed {new} checkpoints in {float(self.probation):.0f}s, fewer "
-                f"than {self.min_checkpoints}",
-                started,
-            )
-        quality = run_quality_gate(
-            self.expectations_path,
-            record,
-            {name: (uri, None) for name, uri in status.tables.items()},
-            self.log,
-        )
-        if quality is not None and not quality["success"]:
-            return _verdict(
-                False, f"quality gate on the live tables: {quality['summary']}", started, quality
-            )
-        return _verdict(
-            True, f"healthy for {float(self.probation):.0f}s, {new} checkpoints", started, quality
-        )
-
-    def _record_failure(self, record: UpgradeRecord, verdict: dict[str, Any]) -> None:
+    def _fail(
+        self,
+        record: UpgradeRecord,
+        reason: str,
+        started: float,
+        quality: dict[str, Any] | None = None,
+    ) -> None:
         from streamkeeper.upgrade.record import UpgradeRecords
 
+        verdict = _verdict(False, reason, started, quality)
         with self.hook._hidden():
             UpgradeRecords(self.hook.store, self.job).update(
                 record.id, lambda r: setattr(r, "probation", verdict)
             )
+        raise AirflowFailException(f"upgrade {record.id!r} failed its probation: {reason}")
 
 
 def _verdict(
