@@ -37,7 +37,11 @@ from tests.support.savepoint_world import World
         ("state/0/3/9.changelog", False),
         ("state/0/3/SSTs/000012-ab.sst", True),
         ("state/0/_metadata/metadata", True),
-        ("sources/0/9", True),  # the file source's log is kept whole
+        ("sources/0/7", True),  # the file source's log, up to the batch
+        ("sources/0/8", False),  # written while Spark planned batch 8
+        ("sources/1/9.compact", False),
+        ("sources/0/.8.crc", False),
+        ("sources/0/5.compact", True),
         ("metadata", True),
     ],
 )

@@ -4,8 +4,10 @@ The savepoint is taken at a batch boundary after batch N committed (see PROTOCOL
 "Savepoints"). Spark may have planned batch N+1 already (`offsets/N+1`); no state of
 it was written (the batch boundary is held). The capture is checkpoint N exactly:
 offsets and commits up to N, state versions up to N+1 (batch N writes version N+1).
-The file source's log (`sources/`) is kept whole: an entry past N only makes the first
-batch after a restore read those files too, which is what replaying N+1 would do.
+The file source's log (`sources/{i}/{n}`, `{n}.compact`) is cut at N too: an entry for
+N+1 written while Spark planned it would make the restored query's first batch read N+1's
+files and the next ones together, so its output would be batched unlike the original's
+(a change log appended per batch would differ, and blue-green validation with it).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def in_savepoint(path: str, batch_id: int) -> bool:
     number = _number(parts[-1])
     if parts[0] in ("offsets", "commits") and len(parts) == 2 and number is not None:
         return number <= batch_id
+    if parts[0] == "sources" and len(parts) == 3 and number is not None:
+        return number <= batch_id  # sources/{source}/{batch}[.compact]
     if parts[0] == "state" and len(parts) == 4 and number is not None:
         return number <= batch_id + 1  # state/{op}/{partition}/{version}.*
     return True
