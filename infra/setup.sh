@@ -8,6 +8,11 @@ if ! command -v java >/dev/null; then
   echo "error: Java 17 is required by Spark; install it (e.g. apt-get install openjdk-17-jre-headless)" >&2
   exit 1
 fi
+# Debian's PostgreSQL for the production profile's test (Airflow's metadata DB on Postgres).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+  && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+fi
 VENV="${STREAMKEEPER_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 STAMP="$VENV/.requirements.sha256"

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 import time
@@ -22,10 +20,15 @@ from typing import Any
 
 import pytest
 
-from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.client import StreamkeeperClient
 from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
-from tests.support.airflow_runs import drivers_with_token, stop_job_drivers, task_states, xcoms
+from tests.support.airflow_runs import (
+    drivers_with_token,
+    prepare_scheduled_job,
+    stop_job_drivers,
+    task_states,
+    xcoms,
+)
 from tests.support.services.airflow import AirflowServices, start_airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(900)]
@@ -38,19 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 def airflow(
     tmp_path: Path, conn_env: Any, monkeypatch: pytest.MonkeyPatch, airflow_db: float
 ) -> Iterator[tuple[AirflowServices, Path]]:
-    root = tmp_path / "data"
-    root.mkdir()
-    write_event_files(tmp_path / "events", files=3, events_per_file=200)
-    conn_env("streamkeeper_default", str(root))
-    # The sample job without its schedules: only the runs the test triggers happen.
-    jobs = tmp_path / "jobs"
-    shutil.copytree(REPO / "jobs" / "keyed_totals", jobs / "keyed_totals")
-    spec = jobs / "keyed_totals" / "job.yaml"
-    text = re.sub(r"(monitor|savepoint)_schedule: .*", r"\1_schedule: null", spec.read_text())
-    spec.write_text(text)
-    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__JOBS_FOLDER", str(jobs))
-    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(tmp_path / "work"))
-    monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
+    root = prepare_scheduled_job(tmp_path, conn_env, monkeypatch)
     services = start_airflow(tmp_path / "airflow", {})
     try:
         yield services, tmp_path

@@ -6,14 +6,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def migrate_metadata_db(env: dict[str, str] | None = None, timeout: float = 600) -> float:
@@ -116,3 +121,26 @@ def launch_record(root: Path, job: str) -> dict[str, Any]:
 def epochs(root: Path, lineage: str) -> list[str]:
     folder = root / "lineages" / lineage / "epochs"
     return sorted(p.name for p in folder.glob("*.json"))
+
+
+def prepare_scheduled_job(
+    place: Path, set_connection: Callable[[str, str], object], monkeypatch: Any
+) -> Path:
+    """Events, the default connection and a copy of the sample job without its schedules
+    (only the runs a test triggers happen) for components started from this environment;
+    returns the storage root."""
+    from jobs.keyed_totals.sample_events import write_event_files
+
+    root = place / "data"
+    root.mkdir()
+    write_event_files(place / "events", files=3, events_per_file=200)
+    set_connection("streamkeeper_default", str(root))
+    jobs = place / "jobs"
+    shutil.copytree(REPO / "jobs" / "keyed_totals", jobs / "keyed_totals")
+    spec = jobs / "keyed_totals" / "job.yaml"
+    text = re.sub(r"(monitor|savepoint)_schedule: .*", r"\1_schedule: null", spec.read_text())
+    spec.write_text(text)
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__JOBS_FOLDER", str(jobs))
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(place / "work"))
+    monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
+    return root
