@@ -98,7 +98,9 @@ def _start_blue(place: JobPlace) -> None:
     assert started.state == "success", started.tasks
 
 
-def test_an_upgrade_hands_over_and_is_promoted_exactly_once(place: JobPlace) -> None:
+def test_an_upgrade_hands_over_is_promoted_and_rolled_back_on_demand_exactly_once(
+    place: JobPlace,
+) -> None:
     feeder = Feeder(place)
     feeder.start()
     try:
@@ -118,6 +120,17 @@ def test_an_upgrade_hands_over_and_is_promoted_exactly_once(place: JobPlace) -> 
         assert status.runner.epoch > blue_epoch and status.state in ("RUNNING", "DEGRADED")
         assert launch_record(place.root, JOB)["request"]["spec_path"] == str(V2_SPEC)
         assert _rows(place, "means"), "green's new table is empty"
+
+        # On demand, back past the upgrade: to blue's stop savepoint S1, with v1's spec.
+        back = run_dag(
+            f"{JOB}.rollback",
+            savepoint_id=record.handover["blue_savepoint"],
+            overrides=place.overrides,
+        )
+        assert back.state == "success", back.tasks
+        status = place.client().status(JOB)
+        assert status.state in ("RUNNING", "DEGRADED") and status.runner.epoch > blue_epoch + 1
+        assert launch_record(place.root, JOB)["request"]["spec_path"] == record.blue["spec_path"]
         _drain_and_check(place, feeder)
         text = all_xcom_text()
         assert CANARY_SECRET not in text and CANARY_KEY not in text
