@@ -39,6 +39,7 @@ from streamkeeper.lineage.commands import Command, CommandBox, CommandResult, ne
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
+from streamkeeper.observability.history_tail import HistoryTail
 from streamkeeper.observability.status import (
     RUNNER_LIVE,
     LineageHead,
@@ -196,8 +197,9 @@ class StreamkeeperClient:
         layout = self._layout(record)
         head = self._head(layout, record, beat)
         live = beat is not None and beat.get("state") in RUNNER_LIVE
-        # Only a live runner is judged by its recent checkpoints (DEGRADED).
-        history = self._history(layout).read(last=HEALTH_HISTORY_ROWS) if live else []
+        # Only a live runner is judged by its recent checkpoints (DEGRADED); the log's
+        # tail has them without loading the whole table (status is asked for often).
+        history = self._history_tail(layout).read(HEALTH_HISTORY_ROWS) if live else []
         return build_status(
             job=job,
             lineage=record.lineage,
@@ -386,6 +388,10 @@ class StreamkeeperClient:
 
     def _history(self, layout: LineageLayout) -> CheckpointHistory:
         return CheckpointHistory(self.location.child(f"{layout.base}/history"))
+
+    def _history_tail(self, layout: LineageLayout) -> HistoryTail:
+        prefix = f"{layout.base}/history"
+        return HistoryTail(self.store, prefix, self.location.child(prefix))
 
     def _head(
         self, layout: LineageLayout, record: JobRecord, beat: dict[str, Any] | None
