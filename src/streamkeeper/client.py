@@ -220,7 +220,10 @@ class StreamkeeperClient:
             UnknownJobError: no such job below the root (names the jobs there are).
         """
         layout = self._layout(self._job(job).record)
-        return [Checkpoint.from_row(row) for row in self._history(layout).read(last=last)]
+        rows = (
+            self._history(layout).read() if last is None else self._history_tail(layout).read(last)
+        )
+        return [Checkpoint.from_row(row) for row in rows]
 
     def checkpoints_after(self, job: str, checkpoint_id: int) -> list[int]:
         """Ids of the checkpoints the job's lineage committed after `checkpoint_id`, ascending.
