@@ -212,7 +212,8 @@ function lineChart(id, title, xs, series) {
     svg.append(line);
     legend.append(el("span", {}, el("i", { style: `background:${color}` }), name));
   });
-  const range = xs.length ? `checkpoints ${xs[0]}-${xs[xs.length - 1]}, max ${Math.round(top)}` : "no data";
+  let range = `checkpoints ${xs[0]}-${xs[xs.length - 1]}, max ${Math.round(top)}`;
+  if (!values.length) range = "no values in this window";
   return el("div", { class: "chart", id: `chart-${id}`, "data-points": points },
     el("h4", {}, title), svg, legend, el("div", { class: "muted" }, range));
 }
