@@ -13,6 +13,15 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
   && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null
 fi
+# The operations page's browser tests drive Debian's Chromium (no browser download here).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver
+  else
+    echo "warning: chromium and chromedriver are missing; the browser tests will fail" \
+      "(apt-get install chromium chromium-driver)" >&2
+  fi
+fi
 VENV="${STREAMKEEPER_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 STAMP="$VENV/.requirements.sha256"

@@ -39,6 +39,7 @@ from streamkeeper.lineage.commands import Command, CommandBox, CommandResult, ne
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
+from streamkeeper.observability.history_tail import HistoryTail
 from streamkeeper.observability.status import (
     RUNNER_LIVE,
     LineageHead,
@@ -196,8 +197,9 @@ class StreamkeeperClient:
         layout = self._layout(record)
         head = self._head(layout, record, beat)
         live = beat is not None and beat.get("state") in RUNNER_LIVE
-        # Only a live runner is judged by its recent checkpoints (DEGRADED).
-        history = self._history(layout).read(last=HEALTH_HISTORY_ROWS) if live else []
+        # Only a live runner is judged by its recent checkpoints (DEGRADED); the log's
+        # tail has them without loading the whole table (status is asked for often).
+        history = self._history_tail(layout).read(HEALTH_HISTORY_ROWS) if live else []
         return build_status(
             job=job,
             lineage=record.lineage,
@@ -218,7 +220,10 @@ class StreamkeeperClient:
             UnknownJobError: no such job below the root (names the jobs there are).
         """
         layout = self._layout(self._job(job).record)
-        return [Checkpoint.from_row(row) for row in self._history(layout).read(last=last)]
+        rows = (
+            self._history(layout).read() if last is None else self._history_tail(layout).read(last)
+        )
+        return [Checkpoint.from_row(row) for row in rows]
 
     def checkpoints_after(self, job: str, checkpoint_id: int) -> list[int]:
         """Ids of the checkpoints the job's lineage committed after `checkpoint_id`, ascending.
@@ -386,6 +391,10 @@ class StreamkeeperClient:
 
     def _history(self, layout: LineageLayout) -> CheckpointHistory:
         return CheckpointHistory(self.location.child(f"{layout.base}/history"))
+
+    def _history_tail(self, layout: LineageLayout) -> HistoryTail:
+        prefix = f"{layout.base}/history"
+        return HistoryTail(self.store, prefix, self.location.child(prefix))
 
     def _head(
         self, layout: LineageLayout, record: JobRecord, beat: dict[str, Any] | None

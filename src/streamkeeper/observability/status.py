@@ -51,6 +51,7 @@ class LineageHead:
     batch_id: int
     committed_at: float | None
     versions: dict[str, int] = field(default_factory=dict)
+    visibility_delay_ms: float | None = None  # batch end -> output visible, of this one
 
     @classmethod
     def from_marker(cls, marker: dict[str, Any]) -> LineageHead:
@@ -59,6 +60,7 @@ class LineageHead:
             batch_id=int(marker["batch_id"]),
             committed_at=marker.get("committed_at"),
             versions={k: int(v) for k, v in (marker.get("versions") or {}).items()},
+            visibility_delay_ms=marker.get("visibility_delay_ms"),
         )
 
     def to_json(self) -> dict[str, Any]:

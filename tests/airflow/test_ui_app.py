@@ -1,0 +1,143 @@
+"""The operations page's app in-process: summaries, one job's details, paging, actions'
+DAG runs. Airflow's auth and REST API are covered against a real api-server in
+test_ui_browser.py; here the app runs without them (`authenticate=False`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from streamkeeper.client import StreamkeeperClient
+from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
+from streamkeeper_airflow.ui.actions import dag_run_for
+from streamkeeper_airflow.ui.app import create_app
+from tests.unit.test_client import JOB, NOW, write_control_plane
+
+
+def _app(root: Path, specs: dict[str, list[str]] | None = None) -> TestClient:
+    return TestClient(
+        create_app(
+            client_factory=lambda: StreamkeeperClient(str(root)),
+            spec_jobs=lambda: specs or {},
+            authenticate=False,
+        )
+    )
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "data"
+    live = {"state": "RUNNING", "reason": None, "time": time.time(), "last_committed_seq": 39}
+    write_control_plane(root, heartbeat={**live, "pending_commits": 2, "epoch": 7})
+    write_control_plane(root, job="other-job", seqs=range(3))
+    return root
+
+
+def test_the_jobs_table_has_each_jobs_status_head_and_runner(root: Path) -> None:
+    page = _app(root, {"spec-only": []}).get("/api/jobs").json()
+    assert [j["job"] for j in page["jobs"]] == [JOB, "other-job", "spec-only"]
+    running, stopped, never = page["jobs"]
+    assert running["state"] == "RUNNING" and running["epoch"] == 7
+    assert running["runner"] == "4242@h1" and running["pending_commits"] == 2
+    assert running["last_checkpoint_id"] == 39 and running["last_checkpoint_at"] == NOW - 1400 + 39
+    assert running["last_checkpoint_age_s"] is not None
+    assert stopped["state"] == "STOPPED" and "finished" in stopped["reason"]
+    assert never["state"] == "STOPPED" and "never started" in never["reason"]
+
+
+def test_paging_and_the_name_filter(root: Path) -> None:
+    http = _app(root)
+    first = http.get("/api/jobs", params={"limit": 1}).json()
+    assert first["total"] == 2 and [j["job"] for j in first["jobs"]] == [JOB]
+    second = http.get("/api/jobs", params={"limit": 1, "offset": 1}).json()
+    assert [j["job"] for j in second["jobs"]] == ["other-job"]
+    assert http.get("/api/jobs", params={"q": "OTHER"}).json()["total"] == 1
+    refused = http.get("/api/jobs", params={"limit": 5000})
+    assert refused.status_code == 400 and "page size" in refused.json()["detail"]
+
+
+def test_one_job_has_chart_series_over_the_window_savepoints_and_upgrades(root: Path) -> None:
+    client = StreamkeeperClient(str(root))
+    UpgradeRecords(client.store, JOB).create(
+        UpgradeRecord(
+            id="up-1",
+            job=JOB,
+            lineage=JOB,
+            phase="promoted",
+            blue={},
+            green={"spec_path": "/specs/v2.yaml"},
+            validation={"success": True, "reason": "outputs equal"},
+            handover={"gap_s": 1.25},
+        )
+    )
+    detail = _app(root).get(f"/api/jobs/{JOB}", params={"window": 50}).json()
+    history = detail["history"]
+    assert history["checkpoint_id"] == list(range(40))  # all 40: fewer than the window
+    assert history["input_rows_per_second"] == [50.0] * 40
+    assert history["state_bytes_by_operator"] == {"0:agg": [9] * 40}
+    assert history["bytes_uploaded"][-1] == 390
+    assert set(history["duration_parts_ms"]) >= {"planning_ms", "write_ms"}
+    assert detail["upgrades"] == [
+        {
+            "id": "up-1",
+            "phase": "promoted",
+            "reason": None,
+            "created_at": detail["upgrades"][0]["created_at"],
+            "green_spec": "/specs/v2.yaml",
+            "validation_passed": True,
+            "validation_reason": "outputs equal",
+            "validation": {"success": True, "reason": "outputs equal"},
+            "handover_gap_s": 1.25,
+            "probation_passed": None,
+        }
+    ]
+    assert detail["savepoints"] == []
+
+
+def test_an_unknown_job_or_window_is_refused_with_the_choices(root: Path) -> None:
+    http = _app(root)
+    missing = http.get("/api/jobs/nope")
+    assert missing.status_code == 404 and "other-job" in missing.json()["detail"]
+    bad = http.get(f"/api/jobs/{JOB}", params={"window": 7})
+    assert bad.status_code == 400 and "50, 200, 1000" in bad.json()["detail"]
+
+
+def test_the_page_and_its_files_are_served(root: Path) -> None:
+    http = _app(root)
+    assert "<title>Streaming jobs" in http.get("/").text
+    assert "refreshJobs" in http.get("/static/page.js").text
+    assert http.get("/static/../app.py").status_code == 404
+
+
+def test_an_action_without_the_pages_header_or_a_token_is_refused(root: Path) -> None:
+    http = _app(root)
+    assert http.post(f"/api/jobs/{JOB}/actions/savepoint", json={}).status_code == 403
+    anonymous = http.post(
+        f"/api/jobs/{JOB}/actions/savepoint", json={}, headers={"X-Streamkeeper-Page": "1"}
+    )
+    assert anonymous.status_code == 401
+
+
+def test_each_action_asks_for_its_lifecycle_dag_run() -> None:
+    assert dag_run_for("j", "savepoint", {"format": "canonical"}).conf == {
+        "format": "canonical",
+        "self_contained": False,
+    }
+    stop = dag_run_for("j", "stop", {})
+    assert (stop.dag_id, stop.conf["mode"], stop.conf["savepoint"]) == ("j.stop", "stop", True)
+    restart = dag_run_for("j", "restart", {"takeover": True})
+    assert restart.dag_id == "j.start"
+    assert restart.conf == {"start_from": "latest_checkpoint", "takeover": True}
+    assert dag_run_for("j", "upgrade", {"green_spec_path": "/v2.yaml"}).dag_id == "j.upgrade"
+    assert dag_run_for("j", "rollback", {"savepoint_id": "sp-1"}).conf == {"savepoint_id": "sp-1"}
+    for action, options, words in [
+        ("rollback", {}, "savepoint_id"),
+        ("upgrade", {"green_spec_path": " "}, "green_spec_path"),
+        ("savepoint", {"format": "zip"}, "'zip'"),
+        ("delete", {}, "'delete'"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            dag_run_for("j", action, options)
