@@ -167,6 +167,7 @@ def summary(state: Path, services: AirflowServices, timings: dict[str, tuple[str
         f"{status.head.seq if status.head else '-'}",
         "",
         f"Airflow UI: {services.api_url}  (login {LOGIN[0]} / {_password(state)})",
+        f"  the jobs' operations page: {services.api_url}/plugin/streamkeeper",
         f"  DAGs keyed-totals.*; logs in {state / 'airflow' / 'logs'}",
         "Tables (Delta):",
         *(f"  {name:<8} {uri}" for name, uri in status.tables.items()),
