@@ -10,7 +10,6 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.airflow]
 JOB = "keyed-totals"
 
 
-@cache
 def _dags() -> dict[str, Any]:
+    """Parsed afresh for every run: `dag.test(run_conf=...)` leaves the conf in the DAG's
+    Params, so a cached DAG would start the next test's run with this one's choices."""
     from airflow.dag_processing.dagbag import DagBag
 
     return dict(DagBag(dag_folder=os.environ["AIRFLOW__CORE__DAGS_FOLDER"]).dags)
