@@ -171,8 +171,8 @@ def test_a_green_failing_probation_is_rolled_back_exactly_once(
     monkeypatch.setenv("STREAMKEEPER_TEST_BOMB", str(bomb))
     green = _green_spec(tmp_path, Path(__file__).parent / "jobs" / "bomb_totals.py")
 
-    def arm() -> None:  # green builds its live query after this phase: it goes wrong then
-        if any(r.phase == "handover_requested" for r in _upgrades(place)):
+    def arm() -> None:  # once green passed validation: its live batches go wrong
+        if any(r.phase not in ("shadow", "rejected") for r in _upgrades(place)):
             bomb.touch()
 
     feeder = Feeder(place, period=0.5, on_tick=arm)
