@@ -150,6 +150,35 @@ def test_remote_runner_alive_until_heartbeat_is_stale(control: ControlPlane) -> 
     assert control.acquire().epoch == 2
 
 
+def test_a_clock_behind_costs_a_takeover_never_a_second_writer(control: ControlPlane) -> None:
+    """A live runner on a host whose clock is 2 minutes behind looks stale: a start takes
+    the lineage, and the runner it took it from is fenced (safety never reads a clock)."""
+    remote = Lease(epoch=1, pid=1, host="skewed-host", started_at=time.time() - 120)
+    control.store.create_json(control.layout.epoch(1), remote.to_json())
+    write_heartbeat(control, host="skewed-host", pid=1, time=time.time() - 120)
+    assert control.acquire().epoch == 2
+    with pytest.raises(FencedError):
+        control.check_not_fenced(remote)
+    write_heartbeat(control, epoch=2)
+    late = Heartbeat(control, Fence(control, remote), facts=dict)
+    with pytest.raises(FencedError):
+        late.beat("RUNNING")  # the skewed runner's next beat cannot overwrite the new one
+    assert control.heartbeat()["epoch"] == 2
+
+
+def test_a_clock_ahead_makes_a_start_wait_until_a_takeover(control: ControlPlane) -> None:
+    """A dead runner whose clock ran an hour ahead looks alive: a plain start is refused
+    (availability), a takeover proceeds and fences it."""
+    ahead = Lease(epoch=1, pid=1, host="skewed-host", started_at=time.time() + 3600)
+    control.store.create_json(control.layout.epoch(1), ahead.to_json())
+    write_heartbeat(control, host="skewed-host", pid=1, time=time.time() + 3600)
+    with pytest.raises(AlreadyRunningError, match="skewed-host"):
+        control.acquire()
+    assert control.acquire(takeover=True).epoch == 2
+    with pytest.raises(FencedError):
+        control.check_not_fenced(ahead)
+
+
 def _heartbeat(control: ControlPlane, epoch: int, **facts: object) -> Heartbeat:
     fence = Fence(control, Lease.for_this_process(epoch))
     return Heartbeat(control, fence, facts=lambda: dict(facts), interval=0.02)
