@@ -14,7 +14,9 @@ lineages). Building it takes about 4 minutes; it is kept in `--workdir` and reus
 The summary endpoint (`GET /streamkeeper/api/jobs`) of the plugin's FastAPI app is then
 called `--requests` times through an in-process ASGI client (no network, no Airflow
 auth: the app's own work), after 3 warm-up calls, and p50/p95/max are printed, for the
-whole list and for one page of 20. For comparison, the whole list once more with the
+whole list and for one page of 20. The baseline is the same jobs young, with
+`--baseline-rows` checkpoints each: the ratio of the p95s says whether a refresh costs
+more as jobs age (it must not). For comparison, the whole list once more with the
 status's health rows read by the table's own reader (`CheckpointHistory.read(last=20)`,
 which loads every data file's add action) instead of the log's tail. The last line is
 one JSON object with the figures.
@@ -223,6 +225,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--rows-per-commit", type=int, default=2)
+    parser.add_argument("--baseline-rows", type=int, default=100)
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--page-size", type=int, default=50)
     parser.add_argument("--workdir", default=str(REPO / ".streamkeeper" / "bench-ui"))
@@ -232,6 +235,11 @@ def main() -> None:
     fill_root(root, args.jobs, args.rows, args.rows_per_commit)
     print(f"root {root}: {args.jobs} jobs ready in {time.monotonic() - started:.0f} s")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    young_name = f"all_with_{args.baseline_rows}_rows_per_job"
+    young = Path(args.workdir) / f"root-{args.baseline_rows}-{args.rows_per_commit}"
+    fill_root(young, args.jobs, args.baseline_rows, args.rows_per_commit)
+    with Heartbeats(young, args.jobs, args.baseline_rows):
+        baseline = measure(young, args.requests, args.jobs)
     with Heartbeats(root, args.jobs, args.rows):
         figures = {
             "jobs": args.jobs,
@@ -239,13 +247,19 @@ def main() -> None:
             "all": measure(root, args.requests, args.jobs),
             "page_of_20": measure(root, args.requests, min(20, args.jobs)),
             "all_with_full_table_reader": measure_full_reader(root, args.requests // 3, args.jobs),
+            young_name: baseline,
         }
-    for name in ("all", "page_of_20", "all_with_full_table_reader"):
+    figures["p95_ratio_to_young_jobs"] = figures["all"]["p95_ms"] / baseline["p95_ms"]
+    for name in ("all", "page_of_20", "all_with_full_table_reader", young_name):
         f = figures[name]
         print(
             f"summary endpoint ({name}): p50 {f['p50_ms']:.1f} ms, p95 {f['p95_ms']:.1f} ms, "
             f"max {f['max_ms']:.1f} ms"
         )
+    print(
+        f"p95 with {args.rows} rows per job / with {args.baseline_rows}: "
+        f"{figures['p95_ratio_to_young_jobs']:.2f} (1.0: the cost does not grow with history)"
+    )
     print(json.dumps(figures))
 
 

@@ -112,5 +112,8 @@ class HistoryTail:
     def _read_file(self, path: str) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
+        # One small file: read it as a file (no dataset discovery) on this thread (no
+        # thread pool hand-offs); both cost more than the rows for a file this size.
         full = f"{self.location.fs_path}/{path}"
-        return pq.read_table(full, filesystem=self.location.arrow_filesystem()).to_pylist()
+        with self.location.arrow_filesystem().open_input_file(full) as handle:
+            return pq.ParquetFile(handle).read(use_threads=False).to_pylist()

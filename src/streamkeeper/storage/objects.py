@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import fcntl
 import hashlib
@@ -176,21 +175,15 @@ class LocalStore(ObjectStore):
         return self._path(key).exists()
 
     def list(self, prefix: str, start_after: str | None = None) -> list[str]:
-        folder = self._path(prefix)
-        if not folder.is_dir():
-            return []
         base = f"{prefix}/" if prefix else ""
-        keys = []
-        # os.walk reads each directory once and stats nothing (a long-lived lineage's
-        # markers folder holds one file per checkpoint).
-        for directory, _, files in os.walk(folder):
-            relative = os.path.relpath(directory, folder)
-            inner = "" if relative == "." else relative.replace(os.sep, "/") + "/"
-            keys.extend(base + inner + name for name in files if not _internal(name))
-        keys.sort()
-        if start_after is not None:
-            keys = keys[bisect.bisect_right(keys, start_after) :]
-        return keys
+        if start_after is not None and not start_after.startswith(base):
+            # A start key outside the prefix sorts before or after every key below it.
+            return [] if start_after > base else self.list(prefix)
+        after = None if start_after is None else start_after[len(base) :]
+        found: list[str] = []
+        _collect_keys(str(self._path(prefix)), "", after, found)
+        found.sort()
+        return [base + key for key in found]
 
     def children(self, prefix: str) -> list[str]:
         folder = self._path(prefix)
@@ -365,3 +358,26 @@ def _internal(name: str) -> bool:
     (`.name.lock`). Other names starting with a dot are keys like any other (Spark's
     `.1.delta.crc` in a self-contained savepoint), as they are on S3."""
     return _INTERNAL.match(name) is not None
+
+
+def _collect_keys(directory: str, inner: str, after: str | None, found: list[str]) -> None:
+    """Keys (relative to the listed prefix) below `directory` that sort after `after`.
+
+    A long-lived lineage's markers folder holds one file per checkpoint, and a status
+    asks for the few after a recent one: names are compared before anything else is
+    done with them, and a subfolder whose keys all sort before `after` is not opened.
+    Reads each directory once and stats nothing (`DirEntry.is_dir` comes from readdir).
+    """
+    try:
+        entries = os.scandir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with entries:
+        for entry in entries:
+            relative = inner + entry.name
+            if entry.is_dir(follow_symlinks=False):
+                below = relative + "/"
+                if after is None or below > after or after.startswith(below):
+                    _collect_keys(entry.path, below, after, found)
+            elif (after is None or relative > after) and not _internal(entry.name):
+                found.append(relative)
