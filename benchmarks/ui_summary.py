@@ -140,7 +140,11 @@ def beat(root: Path, jobs: int, rows: int) -> None:
             "consecutive_failures": 0,
             "data_available": True,
         }
-        (root / "jobs" / name / "heartbeat.json").write_text(json.dumps(record))
+        # Replaced whole, as runners write it (a reader never sees half a heartbeat).
+        target = root / "jobs" / name / "heartbeat.json"
+        temporary = target.with_name(".heartbeat.json.bench.tmp")
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, target)
 
 
 class Heartbeats:
