@@ -7,8 +7,8 @@ Selenium) logs in on Airflow's login form, opens the page from Airflow's nav rou
 the running job with a non-empty chart, triggers a savepoint from the page, confirms it,
 follows the DAG run to success and sees the savepoint in the list. Around it: an
 anonymous request is refused (401), and a viewer, who may read but not trigger DAGs,
-gets Airflow's own 403 when asking the page for a savepoint (the page forwards the
-user's token; it has no credential of its own). Screenshots go to
+gets Airflow's own 403 for every action of the page (the page forwards the user's token;
+it has no credential of its own), and no DAG run or file results. Screenshots go to
 `.streamkeeper/screenshots/` (gitignored) and are named in the output.
 """
 
@@ -27,6 +27,7 @@ import pytest
 
 from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.client import StreamkeeperClient
+from streamkeeper_airflow.ui.actions import lifecycle_dag_ids
 from tests.support import browser
 from tests.support.airflow_runs import stop_job_drivers
 from tests.support.services.airflow import AirflowServices, start_airflow
@@ -78,6 +79,29 @@ def airflow(
     finally:
         services.stop()
         stop_job_drivers(root, JOB)
+
+
+# Every action of the page, with the options its form sends.
+ACTIONS = {
+    "savepoint": {"format": "native"},
+    "stop": {"format": "native"},
+    "restart": {},
+    "upgrade": {"green_spec_path": str(REPO / "jobs" / "keyed_totals" / "versions" / "v2.yaml")},
+    "rollback": {"savepoint_id": "sp-any"},
+}
+
+
+def _dag_run_ids(api: httpx.Client) -> dict[str, list[str]]:
+    found = {}
+    for dag_id in lifecycle_dag_ids(JOB):
+        reply = api.get(f"/api/v2/dags/{dag_id}/dagRuns")
+        assert reply.status_code == 200, reply.text
+        found[dag_id] = sorted(run["dag_run_id"] for run in reply.json()["dag_runs"])
+    return found
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def _token(services: AirflowServices, user: str) -> str:
@@ -176,18 +200,28 @@ def _savepoint_ids(driver: Any) -> set[str]:
 def test_anonymous_and_viewer_requests_are_refused_by_airflows_auth(
     airflow: tuple[AirflowServices, Path],
 ) -> None:
-    services, _ = airflow
+    services, place = airflow
     for path in ("/streamkeeper/", "/streamkeeper/api/jobs", f"/streamkeeper/api/jobs/{JOB}"):
         assert httpx.get(services.api_url + path, timeout=30).status_code == 401, path
     forged = httpx.get(
         f"{services.api_url}/streamkeeper/api/jobs", cookies={"_token": "forged"}, timeout=30
     )
     assert forged.status_code in (401, 403)
+    admin = _api(services, _token(services, "admin"))
+    for dag_id in lifecycle_dag_ids(JOB):
+        _unpause(admin, dag_id)
+    runs_before, files_before = _dag_run_ids(admin), _files(place / "data")
     with _api(services, _token(services, "viewer")) as viewer:
         assert viewer.get("/streamkeeper/api/jobs").json()["jobs"][0]["job"] == JOB
-        _unpause(_api(services, _token(services, "admin")), f"{JOB}.savepoint")
-        refused = viewer.post(f"/streamkeeper/api/jobs/{JOB}/actions/savepoint", json={})
-    assert refused.status_code == 403, refused.text  # Airflow's answer, for this user
+        for action, options in ACTIONS.items():
+            url = f"/streamkeeper/api/jobs/{JOB}/actions/{action}"
+            anonymous = httpx.post(services.api_url + url, json=options, timeout=30)
+            assert anonymous.status_code == 401, (action, anonymous.text)
+            refused = viewer.post(url, json=options)
+            assert refused.status_code == 403, (action, refused.text)  # Airflow's, for this user
+    # Refused means nothing happened: no DAG run was created, no file below the root.
+    assert _dag_run_ids(admin) == runs_before
+    assert _files(place / "data") == files_before
 
 
 def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
