@@ -16,6 +16,10 @@ feeding the bad input through the real surface (the typer CLI in-process, the cl
 spec loader, the runner, an Airflow DAG's Params or operator). The listing after must equal
 the listing before; the only exception is a malformed command picked up by a running job,
 which answers it `failed` (its command-log record and result, which the case names).
+
+The cases whose bad input meets the object store (corrupt records and manifests, paths,
+unknown ids and jobs) run again on S3 (SeaweedFS): the damaged root is uploaded to a fresh
+prefix, and the bucket's listing (size, ETag) must not change either.
 """
 
 from __future__ import annotations
@@ -310,7 +314,7 @@ def live_heartbeat(ctx: Ctx) -> None:
 
 
 def client(ctx: Ctx) -> StreamkeeperClient:
-    return StreamkeeperClient(str(ctx.root))
+    return StreamkeeperClient(ctx.names["root"])  # the local copy, or its upload to S3
 
 
 def command_file(name: str, body: str):
@@ -1328,6 +1332,11 @@ def test_bad_input_names_the_value_and_the_fix_and_changes_nothing(case: Case, c
     refusal = case.feed(ctx)
 
     after = listing(ctx.base)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    _judge(case, ctx, refusal, changed)
+
+
+def _judge(case: Case, ctx: Ctx, refusal: Refusal, changed: set[str]) -> None:
     problems = []
     if refusal.kind != case.kind:
         problems.append(f"answered {refusal.kind!r}, expected {case.kind!r}")
@@ -1337,11 +1346,80 @@ def test_bad_input_names_the_value_and_the_fix_and_changes_nothing(case: Case, c
     lacking = [ctx.fmt(p) for p in case.says if _plain(ctx.fmt(p)) not in message]
     if lacking:
         problems.append(f"the message lacks {lacking}")
-    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
     expected = case.answers(ctx) if case.answers is not None else set()
     if changed != expected:
         problems.append(f"storage changed: {sorted(changed ^ expected)}")
     assert not problems, "\n".join(problems) + f"\n--- the answer:\n{refusal.message}"
+
+
+# The cases whose bad input meets the object store itself, again on S3 (SeaweedFS): the
+# case's root, damaged as the case says, is uploaded to a fresh prefix and used from there.
+ON_S3 = {
+    "upgrades-of-a-path",
+    "result-of-a-command-path",
+    "describe-a-savepoint-path",
+    "unknown-job",
+    "restore-an-unknown-id",
+    "uid-mapping-from-an-unknown-uid",
+    "restore-another-jobs-savepoint",
+    "manifest-truncated",
+    "manifest-a-json-list",
+    "savepoint-file-missing",
+    "savepoint-registry-truncated",
+    "job-record-garbled",
+    "command-id-reused-after-its-answer",
+    "savepoint-of-a-stopped-job",
+}
+S3_CASES = [c for c in CASES if c.id in ON_S3]
+
+
+def s3_listing(uri: str) -> dict[str, tuple[int, str]]:
+    """Every object below the prefix, with its size and ETag."""
+    import boto3
+
+    from streamkeeper.storage import Location, S3Settings
+
+    location = Location(uri, S3Settings.from_env())
+    s3 = boto3.client("s3", endpoint_url=location.s3.endpoint_url)  # type: ignore[union-attr]
+    found = {}
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=location.bucket, Prefix=location.key_prefix + "/"
+    )
+    for page in pages:
+        for item in page.get("Contents", []):
+            found["s3:" + item["Key"]] = (item["Size"], item["ETag"])
+    return found
+
+
+def _upload(folder: Path, uri: str) -> None:
+    import boto3
+
+    from streamkeeper.storage import Location, S3Settings
+
+    location = Location(uri, S3Settings.from_env())
+    s3 = boto3.client("s3", endpoint_url=location.s3.endpoint_url)  # type: ignore[union-attr]
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            key = f"{location.key_prefix}/{path.relative_to(folder).as_posix()}"
+            s3.put_object(Bucket=location.bucket, Key=key, Body=path.read_bytes())
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("case", S3_CASES, ids=[c.id for c in S3_CASES])
+def test_bad_input_on_s3_names_the_value_and_the_fix_and_changes_nothing(
+    case: Case, ctx: Ctx, s3_root: str
+) -> None:
+    if case.prepare is not None:
+        case.prepare(ctx)
+    _upload(ctx.root, s3_root)
+    ctx.names["root"] = s3_root
+    before = listing(ctx.base) | s3_listing(s3_root)
+
+    refusal = case.feed(ctx)
+
+    after = listing(ctx.base) | s3_listing(s3_root)
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    _judge(case, ctx, refusal, changed)
 
 
 def test_the_corpus_covers_every_surface() -> None:
@@ -1352,6 +1430,7 @@ def test_the_corpus_covers_every_surface() -> None:
     surfaces |= {MANIFEST, COMMANDS, PARAMS}
     assert set(per_surface) == surfaces, per_surface
     assert len(CASES) >= 40, len(CASES)
-    print(f"bad-input corpus: {len(CASES)} cases")  # shown with -s
+    assert ON_S3 == {c.id for c in S3_CASES}, ON_S3 - {c.id for c in S3_CASES}
+    print(f"bad-input corpus: {len(CASES)} cases, {len(S3_CASES)} of them on S3 too")
     for surface, count in per_surface.most_common():
         print(f"  {count:3d}  {surface}")
