@@ -3,8 +3,8 @@ them commands (savepoint, stop, cancel) and manage their savepoints.
 
 Exit codes: 0 ok; 1 a run failed, a command failed or got no answer in time, or
 `status --check` found the job unhealthy (DEGRADED, FAILING, FAILED); 2 bad input (a
-spec, an option, an unknown job, root or savepoint, a savepoint that cannot be
-restored into this job).
+spec, an option, an unknown job, root, checkpoint or savepoint, a checkpoint or savepoint
+that cannot be restored into this job).
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ import typer
 from typer.core import TyperGroup
 
 from streamkeeper.client import StreamkeeperClient
-from streamkeeper.errors import CommandError, SavepointError, StreamkeeperError
-from streamkeeper.spec import JobSpec, load_spec
+from streamkeeper.errors import (
+    CheckpointRestoreError,
+    CommandError,
+    SavepointError,
+    StreamkeeperError,
+)
+from streamkeeper.spec import UID_PATTERN, JobSpec, load_spec
 
 EXIT_FAILED = 1  # a run failed, or `status --check` found the job unhealthy
 EXIT_BAD_INPUT = 2  # a bad spec, option, job name or root
@@ -172,7 +177,7 @@ def run(
         )
         try:
             result = run_job(spec, options)
-        except SavepointError as error:  # refused before anything changed
+        except (SavepointError, CheckpointRestoreError) as error:  # cannot restore as asked
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except StreamkeeperError as error:
@@ -200,13 +205,26 @@ def run(
 def _uid_mapping(items: list[str] | None) -> dict[str, str]:
     mapping: dict[str, str] = {}
     for item in items or []:
-        old, sep, new = item.partition("=")
-        if not sep or not old.strip() or not new.strip():
+        old, sep, new = (part.strip() for part in item.partition("="))
+        if not sep or not old or not new:
             raise typer.BadParameter(
                 f"{item!r}: expected old_uid=new_uid, e.g. totals-0=totals",
                 param_hint="--uid-mapping",
             )
-        mapping[old.strip()] = new.strip()
+        for uid in (old, new):
+            if not re.match(UID_PATTERN, uid):
+                raise typer.BadParameter(
+                    f"{item!r}: uid {uid!r} must be 1 to 64 characters of a-z, 0-9, '_' and "
+                    "'-', e.g. totals-0=totals",
+                    param_hint="--uid-mapping",
+                )
+        if old in mapping:
+            raise typer.BadParameter(
+                f"uid {old!r} is mapped more than once ({mapping[old]!r} and {new!r}); its "
+                "state goes to one operator: give one --uid-mapping per uid",
+                param_hint="--uid-mapping",
+            )
+        mapping[old] = new
     return mapping
 
 
@@ -481,7 +499,10 @@ def result(
     as_json: JsonOpt = False,
 ) -> None:
     """The result of a command sent earlier (exit 1 if it failed or is not answered)."""
+    from streamkeeper.lineage.commands import check_command_id
+
     client = _client(root)
+    _read(lambda: (client.job_record(job), check_command_id(command_id)))
     if wait:
         _report_result(client, job, command_id, timeout, as_json)
         return
@@ -653,6 +674,7 @@ def upgrades(
     from streamkeeper.upgrade.record import UpgradeRecords
 
     client = _client(root)
+    _read(lambda: client.job_record(job))  # an unknown job (or a path) is refused
     client_records = UpgradeRecords(client.store, job)
     found = [r.to_json() for r in _read(client_records.list)]
     if as_json:

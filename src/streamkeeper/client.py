@@ -29,13 +29,20 @@ Every dataclass returned has `to_json()` with the field names the README documen
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamkeeper.errors import UnknownJobError
-from streamkeeper.lineage.commands import Command, CommandBox, CommandResult, new_command_id
+from streamkeeper.errors import StorageError, UnknownJobError
+from streamkeeper.lineage.commands import (
+    Command,
+    CommandBox,
+    CommandResult,
+    check_command_id,
+    new_command_id,
+)
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
@@ -162,6 +169,11 @@ class StreamkeeperClient:
             s3: how to reach S3; default: from AWS_* environment variables.
         """
         self.location = Location(resolve_root(root), s3 or S3Settings.from_env())
+        if not self.location.is_s3 and os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise StorageError(
+                f"storage root {self.root!r} is a file, not a folder; pass the folder the job "
+                "spec's storage.root names (--root or STREAMKEEPER_ROOT)"
+            )
         self.store = self.location.store()
 
     @property
@@ -281,6 +293,13 @@ class StreamkeeperClient:
             expires_at=None if ttl is None else sent_at + ttl,
         )
         return self._commands(job).send(command)
+
+    def command_sent(self, job: str, command_id: str) -> bool:
+        """Whether a command of this id was sent to the job (queued, or in its command log)."""
+        box = self._commands(job)
+        return (
+            box.read(check_command_id(command_id)) is not None or box.record(command_id) is not None
+        )
 
     def command_result(
         self, job: str, command_id: str, *, acknowledge: bool = False

@@ -6,12 +6,14 @@ validation error names the field, the bad value and the expected form.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -24,6 +26,7 @@ from pydantic import (
 from streamkeeper.errors import SpecError
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+SINK_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
@@ -50,6 +53,28 @@ def parse_duration(value: Any) -> float:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _job_name(value: str) -> str:
+    """A job or lineage name: it names folders below the storage root."""
+    if not re.match(NAME_PATTERN, value):
+        raise ValueError(
+            "must be 1 to 63 characters of a-z, 0-9 and '-', starting with a letter or digit, "
+            "e.g. 'keyed-totals' (it names folders below the storage root)"
+        )
+    return value
+
+
+def _sink_name(value: str) -> str:
+    if not re.match(SINK_NAME_PATTERN, value):
+        raise ValueError(
+            "must be 1 to 63 characters of a-z, 0-9 and '_', starting with a letter, "
+            "e.g. 'totals' (it names the table's folder)"
+        )
+    return value
+
+
+JobName = Annotated[str, AfterValidator(_job_name)]
 
 
 class _Strict(BaseModel):
@@ -113,8 +138,8 @@ class SourceSpec(_Strict):
 class SinkSpec(_Strict):
     """One target Delta table fed from the job's output stream."""
 
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")]
-    table: str | None = None
+    name: Annotated[str, AfterValidator(_sink_name)]
+    table: str | None = None  # relative: below the storage root; or an absolute path or URI
     output: Literal["append", "merge"] = "append"
     key: list[str] = Field(default_factory=list)
     columns: list[str] | None = None
@@ -124,6 +149,20 @@ class SinkSpec(_Strict):
     shared: bool = False
     # merge: of a batch's rows for one key, the one with the greatest value here wins.
     order_by: str | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table_inside_the_root(cls, value: str | None) -> str | None:
+        if value is None or "://" in value or value.startswith("/"):
+            return value
+        normalized = posixpath.normpath(value)
+        if normalized in (".", "..") or normalized.startswith("../"):
+            raise ValueError(
+                "a relative table path is below the storage root, and this one escapes the "
+                "storage root; use a path inside it, e.g. 'tables/totals', or an absolute "
+                "path or URI"
+            )
+        return value
 
     @model_validator(mode="after")
     def _merge_needs_key(self) -> SinkSpec:
@@ -342,8 +381,8 @@ class AirflowSpec(_Strict):
 class JobSpec(_Strict):
     """A streaming job: source, transformation, sinks, checkpointing and state."""
 
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    lineage: Annotated[str | None, Field(pattern=NAME_PATTERN)] = None
+    name: JobName
+    lineage: JobName | None = None
     source: SourceSpec
     transform: Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
     output_mode: Literal["append", "update", "complete"] = "update"
@@ -457,10 +496,19 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
         elif isinstance(node, dict):
             node = node.setdefault(part, {})
         else:
-            raise SpecError(f"override {dotted!r}: {part!r} is not a field of the spec")
+            raise SpecError(_not_a_field(dotted, part, node))
     if isinstance(node, list) and leaf.isdigit() and int(leaf) < len(node):
         node[int(leaf)] = value
     elif isinstance(node, dict):
         node[leaf] = value
     else:
-        raise SpecError(f"override {dotted!r}: {leaf!r} is not a field of the spec")
+        raise SpecError(_not_a_field(dotted, leaf, node))
+
+
+def _not_a_field(dotted: str, part: str, node: Any) -> str:
+    if isinstance(node, list):
+        return (
+            f"override {dotted!r}: {part!r} is not an item of a list of {len(node)}; use an "
+            f"index from 0 to {len(node) - 1}"
+        )
+    return f"override {dotted!r}: {part!r} is not a field of the spec"

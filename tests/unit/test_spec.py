@@ -94,7 +94,7 @@ def test_bad_name_pattern(sample: dict[str, Any]) -> None:
     sample["name"] = "Keyed_Totals"
     message = spec_error(sample)
     assert "name:" in message and "'Keyed_Totals'" in message
-    assert "[a-z0-9]" in message  # the pattern to follow
+    assert "a-z, 0-9 and '-'" in message and "e.g. 'keyed-totals'" in message  # the form
 
 
 def test_unknown_sink_mode(sample: dict[str, Any]) -> None:

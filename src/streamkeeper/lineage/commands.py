@@ -78,6 +78,7 @@ class Command:
 
     def __post_init__(self) -> None:
         check_command_id(self.id)
+        self._check_types()
         if self.kind not in COMMAND_KINDS:
             raise CommandError(
                 f"command kind {self.kind!r} is unknown; expected one of {COMMAND_KINDS}"
@@ -88,6 +89,24 @@ class Command:
             )
         if self.expires_at is None:
             object.__setattr__(self, "expires_at", self.sent_at + DEFAULT_TTL)
+
+    def _check_types(self) -> None:
+        """A command file written by hand (not by the client) is refused naming the field."""
+        times = {"sent_at": self.sent_at, "expires_at": self.expires_at}
+        flags = {"self_contained": self.self_contained, "savepoint": self.savepoint}
+        bad = [
+            f"{k} {v!r} is not a time (seconds since the epoch)"
+            for k, v in times.items()
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float))
+        ]
+        bad += [
+            f"{k} {v!r} is not true or false" for k, v in flags.items() if not isinstance(v, bool)
+        ]
+        if bad:
+            raise CommandError(
+                f"command {self.id!r}: {'; '.join(bad)}; send commands with the client "
+                "(`streamkeeper savepoint|stop`, or StreamkeeperClient.send_command)"
+            )
 
     @property
     def takes_savepoint(self) -> bool:
@@ -152,6 +171,9 @@ class CommandRecord:
     result: dict[str, Any] | None = None
 
 
+_RECORD_FIELDS = frozenset(CommandRecord.__dataclass_fields__)
+
+
 class CommandBox:
     """One job's commands folder, for senders and for the runner."""
 
@@ -168,12 +190,14 @@ class CommandBox:
             CommandError: the id was used for another request.
         """
         key = self.layout.command(command.id)
-        if self.store.create_json(key, command.to_json()):
+        # Answered and acknowledged, its file is gone: the log keeps what it was. Read
+        # first, so that an id used before is never queued again for another request.
+        record = self.record(command.id)
+        if record is None and self.store.create_json(key, command.to_json()):
             return command
         stored = self._stored_command(command.id)
-        if stored is None:  # answered and acknowledged: the log keeps what it was
-            record = self.record(command.id)
-            stored = None if record is None else Command.from_json(record.command)
+        if stored is None and record is not None:
+            stored = Command.from_json(record.command)
         if stored is not None and stored.asks_the_same_as(command):
             return stored
         raise CommandError(
@@ -183,8 +207,12 @@ class CommandBox:
         )
 
     def result(self, command_id: str) -> CommandResult | None:
-        """The command's result, or None while it is not answered."""
-        data = self.store.read_json(self.layout.command_result(command_id))
+        """The command's result, or None while it is not answered.
+
+        Raises:
+            CommandError: `command_id` is no command id (e.g. a path).
+        """
+        data = self.store.read_json(self.layout.command_result(check_command_id(command_id)))
         if data is None:
             record = self.record(command_id)
             data = None if record is None else record.result
@@ -220,8 +248,23 @@ class CommandBox:
         self.store.delete([self.layout.command_result(command_id)])
 
     def record(self, command_id: str) -> CommandRecord | None:
-        data = self.store.read_json(self.layout.command_record(command_id))
-        return None if data is None else CommandRecord(**data)
+        """The command log's record of the command (None if no runner claimed it).
+
+        Raises:
+            CommandError: `command_id` is no command id, or its record is malformed.
+        """
+        key = self.layout.command_record(check_command_id(command_id))
+        data = self.store.read_json(key)
+        if data is None:
+            return None
+        try:
+            return CommandRecord(**{k: data[k] for k in data if k in _RECORD_FIELDS})
+        except TypeError as error:
+            raise CommandError(
+                f"command record {key!r} is malformed ({error}); it was changed outside "
+                "streamkeeper: restore it from a backup, or send the command again under a "
+                "new id"
+            ) from None
 
     # -- the runner --------------------------------------------------------------------
 

@@ -3,13 +3,15 @@
 Order of a start (each step safe to crash in, see commit/PROTOCOL.md):
 
 1. probe storage; start Spark; build the output and validate everything read-only
-   (transform, columns, predicates, existing tables' schemas and writers): a spec that
-   cannot run changes nothing and fences nobody;
+   (transform, columns, predicates, existing tables' schemas and writers, a savepoint to
+   restore and its topology); a canonical savepoint is written into the empty local
+   checkpoint directory here (its uids and state schemas checked on the way): a spec or
+   a savepoint that cannot run changes nothing in storage and fences nobody;
 2. take the lineage's next epoch (fences every older runner) and start the heartbeat;
 3. fence the tables: create missing ones, then commit the epoch to every target table,
    so an older runner's in-flight commit is refused by the table itself;
 4. finish what older runners left of savepoints; restore an externalized checkpoint
-   (--from-checkpoint) or a savepoint (--from-savepoint, checked read-only in step 1),
+   (--from-checkpoint) or a native savepoint (--from-savepoint, checked in step 1),
    claim the checkpoint index; 5. recover the WAL against the commit log; 6. run the
    query with the commit coordinator, the supervisor, the heartbeat and the commands
    executor (savepoint, stop, cancel: runtime/commands.py).
@@ -26,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +45,12 @@ from streamkeeper.commit.recovery import RecoveryReport, recover
 from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
 from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
 from streamkeeper.commit.wal import WriteAheadLog
-from streamkeeper.errors import FencedError, QueryFailedError, SavepointError
+from streamkeeper.errors import (
+    FencedError,
+    IncompatibleSavepointError,
+    QueryFailedError,
+    SavepointError,
+)
 from streamkeeper.lineage.commands import Command, CommandBox
 from streamkeeper.lineage.control import ControlPlane, Fence
 from streamkeeper.lineage.heartbeat import Heartbeat
@@ -152,6 +159,7 @@ class JobRunner:
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
 
             check_topology(self._restore.manifest, planned_operators(spark, output))
+        self._restore_canonical()
         self.fence = fence = Fence(
             self.control, self.control.acquire(takeover=self.options.takeover)
         )
@@ -239,6 +247,14 @@ class JobRunner:
                 "operators, so --uid-mapping and --allow-non-restored-state do not apply; "
                 "drop them, or restore a canonical savepoint"
             )
+        uids = sorted(op.uid for op in plan.manifest.operators)
+        unknown = sorted(set(options.uid_mapping) - set(uids))
+        if unknown:  # before Spark starts
+            raise IncompatibleSavepointError(
+                f"--uid-mapping renames {unknown}, which savepoint {plan.manifest.id!r} does "
+                f"not have; its uids are {uids}: map those (`streamkeeper savepoints "
+                f"describe {plan.manifest.id}`)"
+            )
         if plan.rewinds:
             log.warning(
                 "restoring savepoint %s rewinds lineage %s to seq %d: the batches after it "
@@ -247,6 +263,30 @@ class JobRunner:
                 self.paths.layout.lineage,
                 plan.manifest.seq,
             )
+
+    def _restore_canonical(self) -> None:
+        """Write a canonical savepoint's state into the checkpoint directory, before the
+        epoch is taken.
+
+        It writes only the local directory (through a work folder it removes on failure),
+        so a savepoint whose uids or state schemas do not fit the job is refused having
+        changed nothing: no epoch, no heartbeat, no table fenced. A start that fails after
+        it (a live runner, say) resumes from the directory: its marker names the savepoint.
+        """
+        plan = self._restore
+        if plan is None or plan.already_restored or plan.manifest.format != "canonical":
+            return
+        options = self.options
+        restore_canonical(
+            plan,
+            self.paths.checkpoint_dir,
+            self._spark,
+            self.spec,
+            self._output,
+            uid_mapping=options.uid_mapping,
+            allow_non_restored_state=options.allow_non_restored_state,
+        )
+        self._restore = replace(plan, already_restored=True)
 
     def _committed_seq(self) -> int | None:
         """The highest seq the lineage committed anywhere (None if it never did); reads only."""
@@ -348,21 +388,9 @@ class JobRunner:
         assert self.fence is not None
         layout, directory = self.paths.layout, self.paths.checkpoint_dir
         plan = self._restore
-        if plan is not None and not plan.already_restored:
+        if plan is not None and not plan.already_restored:  # native (canonical: done)
             self.fence.check()
-            if plan.manifest.format == "canonical":
-                options = self.options
-                restore_canonical(
-                    plan,
-                    directory,
-                    self._spark,
-                    self.spec,
-                    self._output,
-                    uid_mapping=options.uid_mapping,
-                    allow_non_restored_state=options.allow_non_restored_state,
-                )
-            else:
-                restore_native(plan, directory)
+            restore_native(plan, directory)
         elif plan is not None:
             log.info("%s already holds savepoint %s; resuming", directory, plan.manifest.id)
         if self.options.from_checkpoint is not None:

@@ -141,8 +141,9 @@ def _choose(store: ObjectStore, layout: LineageLayout, checkpoint: str | int) ->
     where = f"lineage {layout.lineage!r} under {layout.root.uri!r}"
     if not ids:
         raise CheckpointRestoreError(
-            f"no externalized checkpoints for {where}; enable checkpoint.externalized and "
-            "let the job complete a batch, or start without --from-checkpoint"
+            f"cannot restore checkpoint {checkpoint!r}: no externalized checkpoints for "
+            f"{where}; enable checkpoint.externalized and let the job complete a batch, or "
+            "start without --from-checkpoint"
         )
     wanted = ids[-1] if checkpoint == "latest" else _parse_id(checkpoint)
     manifest = read_manifest(store, layout, wanted) if wanted in ids else None

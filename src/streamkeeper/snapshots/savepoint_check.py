@@ -41,7 +41,8 @@ class SavepointCheck:
     def raise_if_broken(self) -> SavepointManifest:
         """Raises BrokenSavepointError listing the problems; else returns the manifest."""
         if self.problems or self.manifest is None:
-            shown = "; ".join(self.problems[:SHOWN_PROBLEMS])
+            fix = "; restore another savepoint"  # said once, below
+            shown = "; ".join(p.removesuffix(fix) for p in self.problems[:SHOWN_PROBLEMS])
             more = len(self.problems) - SHOWN_PROBLEMS
             raise BrokenSavepointError(
                 f"savepoint {self.savepoint_id!r} is broken: {shown}"

@@ -122,16 +122,29 @@ class SavepointManifest:
                 "or is not a savepoint manifest"
             )
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        parsed = {
+            "operators": lambda v: [StateOperatorInfo.from_json(o) for o in v],
+            "tables": lambda v: {n: TableSeq(**t) for n, t in v.items()},
+            "files": lambda v: [CheckpointFile(**f) for f in v],
+        }
+        for name, parse in parsed.items():
+            if name not in data:
+                raise BrokenSavepointError(
+                    f"savepoint manifest {source} is corrupt: it has no {name!r}; restore "
+                    "another savepoint"
+                )
+            try:
+                known[name] = parse(data[name])
+            except (AttributeError, KeyError, TypeError, ValueError) as error:
+                shown = repr(data[name])
+                shown = shown if len(shown) <= 200 else shown[:200] + "..."
+                raise BrokenSavepointError(
+                    f"savepoint manifest {source} is corrupt: its {name!r} ({shown}) cannot be "
+                    f"read ({type(error).__name__}: {error}); restore another savepoint"
+                ) from None
         try:
-            return cls(
-                **{
-                    **known,
-                    "operators": [StateOperatorInfo.from_json(o) for o in data["operators"]],
-                    "tables": {n: TableSeq(**t) for n, t in data["tables"].items()},
-                    "files": [CheckpointFile(**f) for f in data["files"]],
-                }
-            )
-        except (KeyError, TypeError) as error:
+            return cls(**known)
+        except TypeError as error:
             raise BrokenSavepointError(
                 f"savepoint manifest {source} is corrupt ({type(error).__name__}: {error}); "
                 "restore another savepoint"
@@ -178,9 +191,9 @@ class SavepointPlace:
         """
         try:
             data = self.store.read_json(self.manifest_key)
-        except ValueError as error:
+        except ValueError as error:  # not JSON, or not an object
             raise BrokenSavepointError(
-                f"savepoint manifest {self.manifest_key!r} is not valid JSON ({error}); "
-                "restore another savepoint"
+                f"savepoint manifest {self.manifest_key!r} cannot be read: {error}; restore "
+                "another savepoint"
             ) from None
         return None if data is None else SavepointManifest.from_json(data, repr(self.manifest_key))

@@ -313,15 +313,19 @@ def _left_out(
 ) -> list[str]:
     """Savepoint uids the new job lacks: an error, unless their state may be dropped."""
     new_uids = sorted(a.uid for a in assignments)
-    left = sorted(old.uid for uid, old in by_new_uid.items() if uid not in new_uids)
+    lost = {old.uid: uid for uid, old in by_new_uid.items() if uid not in new_uids}
+    left = sorted(lost)
     if not left:
         return []
     if not allow_non_restored:
+        renamed = [f"{old!r} -> {new!r}" for old, new in sorted(lost.items()) if old != new]
+        mapped = f" (mapped by uid_mapping: {', '.join(renamed)})" if renamed else ""
         raise OperatorUidError(
-            f"savepoint operator uid(s) {left} have no operator in the new job (its uids: "
-            f"{new_uids}); give the operator that uid in the new job's state.operators, map "
-            f"it with uid_mapping (e.g. {{{left[0]!r}: {new_uids[0] if new_uids else 'new'!r}}}"
-            "), or pass allow_non_restored_state to drop that state"
+            f"savepoint operator uid(s) {left}{mapped} have no operator in the new job (its "
+            f"uids: {new_uids}); give the operator that uid in the new job's state.operators, "
+            f"map it with uid_mapping (--uid-mapping, e.g. "
+            f"{{{left[0]!r}: {new_uids[0] if new_uids else 'new'!r}}}), or pass "
+            "allow_non_restored_state (--allow-non-restored-state) to drop that state"
         )
     warnings.append(
         f"savepoint operator uid(s) {left} have no operator in the new job: their state "

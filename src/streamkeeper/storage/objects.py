@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from streamkeeper.errors import CorruptObjectError
 from streamkeeper.storage.location import Location, S3Settings
 
 
@@ -87,6 +88,26 @@ def _tag(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
+def decode_object(body: bytes | str, key: str, where: str) -> dict[str, Any]:
+    """A stored object's JSON, which must be an object.
+
+    Raises:
+        CorruptObjectError: naming the key, what is wrong and the fix.
+    """
+    try:
+        value = json.loads(body)
+    except ValueError as error:
+        problem = f"is not valid JSON ({error})"
+    else:
+        if isinstance(value, dict):
+            return value
+        problem = f"is not a JSON object (it holds a {type(value).__name__})"
+    raise CorruptObjectError(
+        f"{key!r} under {where!r} {problem}: it was changed or damaged outside streamkeeper; "
+        "restore it from a backup (or a copy of the storage root)"
+    )
+
+
 class LocalStore(ObjectStore):
     """The embedded default: files below a local directory.
 
@@ -102,9 +123,10 @@ class LocalStore(ObjectStore):
 
     def read_json(self, key: str) -> dict[str, Any] | None:
         try:
-            return json.loads(self._path(key).read_text())
+            body = self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+        return decode_object(body, key, str(self.root))
 
     def _replace(self, path: Path, body: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +158,7 @@ class LocalStore(ObjectStore):
             body = self._path(key).read_bytes()
         except FileNotFoundError:
             return None, None
-        return json.loads(body), _tag(body)
+        return decode_object(body, key, str(self.root)), _tag(body)
 
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
@@ -247,7 +269,7 @@ class S3Store(ObjectStore):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey:
             return None
-        return json.loads(body)
+        return decode_object(body, key, self.location.uri)
 
     def write_json(self, key: str, value: dict[str, Any]) -> None:
         self.client.put_object(
@@ -259,7 +281,8 @@ class S3Store(ObjectStore):
             response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
         except self.client.exceptions.NoSuchKey:
             return None, None
-        return json.loads(response["Body"].read()), response["ETag"]
+        body = response["Body"].read()
+        return decode_object(body, key, self.location.uri), response["ETag"]
 
     def write_if(self, key: str, value: dict[str, Any], expected: str | None) -> str | None:
         from botocore.exceptions import ClientError

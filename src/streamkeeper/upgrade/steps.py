@@ -29,7 +29,7 @@ from streamkeeper.lineage.control import ControlPlane
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import marker_seqs_after
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
-from streamkeeper.snapshots.savepoints import SavepointRegistry
+from streamkeeper.snapshots.savepoints import SavepointRegistry, check_savepoint_id
 from streamkeeper.storage import Location
 from streamkeeper.upgrade.compare import Comparison, SinkSide, compare_outputs
 from streamkeeper.upgrade.record import UpgradeError, UpgradeRecord, UpgradeRecords
@@ -123,6 +123,7 @@ def savepoint_manifest(
     Raises:
         UpgradeError: it has none.
     """
+    check_savepoint_id(savepoint_id)  # never a path
     manifest = SavepointPlace(client.store, f"lineages/{lineage}/savepoints/{savepoint_id}").read()
     if manifest is None:
         raise UpgradeError(f"savepoint {savepoint_id!r} of lineage {lineage!r} has no manifest")

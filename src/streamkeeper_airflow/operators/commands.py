@@ -70,9 +70,9 @@ class _CommandOperator(BaseOperator):
 
         ti = context["ti"]
         command_id = command_id_for(self.kind, ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
-        sent = self.hook.send_command(
-            self.job, self.kind, command_id=command_id, **self.command_options()
-        )
+        options = self.command_options()
+        self.check_running(command_id)
+        sent = self.hook.send_command(self.job, self.kind, command_id=command_id, **options)
         self.log.info("sent %s command %s to job %s", self.kind, sent, self.job)
         timeout = float(self.result_timeout)
         trigger = CommandResultTrigger(
@@ -99,6 +99,32 @@ class _CommandOperator(BaseOperator):
             method_name="execute_complete",
             timeout=timedelta(seconds=timeout + 60),
         )
+
+    def check_running(self, command_id: str) -> None:
+        """A command is executed by the running job: refuse to queue one for nobody (it
+        would wait for its timeout), unless this task sent it before (a retry waits for, or
+        reads, the answer the job gives).
+
+        Raises:
+            AirflowFailException: the job is unknown or not running, naming its state.
+        """
+        from streamkeeper.errors import StreamkeeperError
+        from streamkeeper_airflow.starts import runner_live
+
+        try:
+            with self.hook._hidden():
+                if self.hook.client.command_sent(self.job, command_id):
+                    return
+            status = self.hook.status(self.job)
+        except StreamkeeperError as error:
+            raise AirflowFailException(str(error)) from None
+        if not runner_live(status):
+            assert status is not None
+            raise AirflowFailException(
+                f"job {self.job!r} is not running ({status.state}: {status.reason}); a "
+                f"{self.kind} command is executed by its running job: start it first (the "
+                f"{self.job}.start DAG)"
+            )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") != "success":

@@ -284,4 +284,32 @@ class StartJobOperator(BaseOperator):
                 "start_from 'savepoint' needs `streamkeeper run --from-savepoint`, which the "
                 "installed streamkeeper does not have yet (it arrives with savepoints)"
             )
+        self.check_savepoint()
         return str(self.savepoint_id)
+
+    def check_savepoint(self) -> None:
+        """The savepoint exists, is this job's and is whole: checked before anything is
+        launched or stopped (the driver would refuse it only after its start).
+
+        Raises:
+            AirflowFailException: naming the savepoint and the fix.
+        """
+        from streamkeeper.errors import StreamkeeperError
+
+        savepoint_id = str(self.savepoint_id)
+        try:
+            with self.hook._hidden():
+                found = self.hook.client.describe_savepoint(savepoint_id)
+        except StreamkeeperError as error:
+            raise AirflowFailException(str(error)) from None
+        if found.entry.job != self.job:
+            raise AirflowFailException(
+                f"savepoint {savepoint_id!r} belongs to job {found.entry.job!r} (lineage "
+                f"{found.entry.lineage!r}), not to {self.job!r}; pick one of "
+                f"`streamkeeper savepoints {self.job}`"
+            )
+        if found.broken:
+            raise AirflowFailException(
+                f"savepoint {savepoint_id!r} is broken: {'; '.join(found.problems[:5])}; "
+                f"restore another savepoint (`streamkeeper savepoints {self.job}`)"
+            )

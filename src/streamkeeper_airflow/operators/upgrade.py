@@ -567,6 +567,7 @@ class RollbackOperator(StartJobOperator):
             )
         launched = latest_launch(self.hook.store, self.job)
         if launched is None or launched.token != token:  # a retry after the launch skips this
+            self.check_savepoint()  # before the running job is stopped
             restored = self._restore(context, record)
             if record is not None:
                 records.advance(
