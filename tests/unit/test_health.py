@@ -204,3 +204,20 @@ def test_longer_intervals_allow_a_proportional_gap() -> None:
     tight = assess(beat, _batches([12.0] * 3, gap=0.4), interval=10.0, timeout=60.0, now=1000.0)
     loose = assess(beat, _batches([12.0] * 3, gap=0.6), interval=10.0, timeout=60.0, now=1000.0)
     assert (tight.state, loose.state) == ("DEGRADED", "RUNNING")
+
+
+def test_slow_batches_between_idle_triggers_are_not_falling_behind() -> None:
+    """Seen live: a small file every 4 s, each batch 2-3 s on a loaded machine. Spark's input
+    rate is rows / time since the previous trigger, an idle one a second earlier, so it
+    reads twice the processing rate although nothing waits."""
+    history = _batches([2.8, 2.3, 2.7, 2.8, 2.0], gap=1.2, interval_rows=50)
+    for row in history:
+        row["input_rows_per_second"] = 50.0  # 50 rows / 1 s since the last (idle) trigger
+    status = assess(_beat(data_available=True), history, interval=1.0, timeout=60.0, now=1000.0)
+    assert status.state == "RUNNING"
+    # The same rates over batches that ran back to back: falling behind.
+    history = _batches([2.8, 2.3, 2.7, 2.8, 2.9], interval_rows=50)
+    for row in history:
+        row["input_rows_per_second"] = 50.0
+    status = assess(_beat(data_available=False), history, interval=1.0, timeout=60.0, now=1000.0)
+    assert status.state == "DEGRADED" and "processing 19 rows/s < input 50 rows/s" in status.reason

@@ -190,7 +190,11 @@ def _degraded(
     if behind is not None:
         return behind
     recent = [r for r in history[-5:] if r.get("input_rows", 0) > 0]
-    if len(recent) >= 3:
+    # Spark's input rate is rows / time since the previous *trigger*: after idle triggers
+    # that is one interval, not the time the rows took to arrive, so a slow batch after
+    # idle ones looks like input outrunning processing. Only batches that ran back to
+    # back (or rows without their timing) are judged by the rates.
+    if len(recent) >= 3 and _back_to_back(recent, interval) is not False:
         arriving = sum(r["input_rows_per_second"] for r in recent) / len(recent)
         processing = sum(r["processed_rows_per_second"] for r in recent) / len(recent)
         if processing < 0.9 * arriving:
@@ -232,10 +236,8 @@ def _overrunning(
         return None
     if any(end - start <= interval for start, end in spans):  # type: ignore[misc]
         return None
-    slack = min(0.25 * interval, 0.5)
-    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):  # type: ignore[misc]
-        if start - end > slack:
-            return None
+    if not _back_to_back(rows, interval):
+        return None
     durations = [end - start for start, end in spans]  # type: ignore[misc]
     rows_per_second = sum(r["input_rows"] for r in rows) / max(sum(durations), 1e-9)
     return JobStatus(
@@ -243,6 +245,23 @@ def _overrunning(
         f"falling behind: the last {len(rows)} batches each took longer than the "
         f"{interval:g} s trigger interval (median {statistics.median(durations):.1f} s) and "
         f"ran back to back while input kept waiting; processing {rows_per_second:.0f} rows/s",
+    )
+
+
+def _back_to_back(rows: list[dict[str, Any]], interval: float) -> bool | None:
+    """Whether each batch started as soon as the one before it ended (None: no timing).
+
+    Spark starts the next trigger at once after a batch that overran its interval and
+    input waits; an idle gap of more than a quarter interval (at most 0.5 s) means the
+    trigger waited for its time or for input.
+    """
+    spans = [_span(r) for r in rows]
+    if any(span is None for span in spans):
+        return None
+    slack = min(0.25 * interval, 0.5)
+    return all(
+        nxt[0] - prev[1] <= slack  # type: ignore[index]
+        for prev, nxt in zip(spans, spans[1:], strict=False)
     )
 
 
