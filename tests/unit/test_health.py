@@ -178,17 +178,17 @@ def test_back_to_back_overrunning_batches_are_falling_behind_though_the_rates_ag
 @pytest.mark.parametrize(
     ("beat", "history", "why"),
     [
-        ({"data_available": False}, _batches([2.0, 2.1, 2.0]), "input caught up"),
-        ({"data_available": True}, _batches([2.0, 2.1, 2.0], gap=0.8), "idle gaps between"),
-        ({"data_available": True}, _batches([0.6, 0.7, 0.6]), "within the interval"),
-        ({"data_available": True}, _batches([2.0, 0.9, 2.0]), "one batch within"),
-        ({"data_available": True}, _batches([2.0, 2.0]), "too few batches"),
+        ({"data_available": False}, _batches([2.0, 2.0, 2.1, 2.0]), "input caught up"),
+        ({"data_available": True}, _batches([2.0] * 4, gap=0.8), "idle gaps between"),
+        ({"data_available": True}, _batches([0.6, 0.6, 0.7, 0.6]), "within the interval"),
+        ({"data_available": True}, _batches([2.0, 2.0, 0.9, 2.0]), "one batch within"),
+        ({"data_available": True}, _batches([9.0, 2.0, 2.0]), "the first pays start-up"),
         (
             {"data_available": True},
-            _batches([2.0, 2.0])[:1] + _batches([2.0, 2.0], run="r2"),
+            [{**r, "run_id": "r2" if i >= 2 else "r1"} for i, r in enumerate(_batches([2.0] * 5))],
             "a restart between",
         ),
-        ({"data_available": True}, _batches([2.0, 2.0, 2.0], interval_rows=0), "no input"),
+        ({"data_available": True}, _batches([2.0] * 4, interval_rows=0), "no input"),
     ],
 )
 def test_overrunning_batches_are_not_falling_behind_unless_back_to_back_with_input(
@@ -201,8 +201,8 @@ def test_overrunning_batches_are_not_falling_behind_unless_back_to_back_with_inp
 def test_longer_intervals_allow_a_proportional_gap() -> None:
     """The slack for "back to back" is a quarter of the interval, at most 0.5 s."""
     beat = _beat(data_available=True)
-    tight = assess(beat, _batches([12.0] * 3, gap=0.4), interval=10.0, timeout=60.0, now=1000.0)
-    loose = assess(beat, _batches([12.0] * 3, gap=0.6), interval=10.0, timeout=60.0, now=1000.0)
+    tight = assess(beat, _batches([12.0] * 4, gap=0.4), interval=10.0, timeout=60.0, now=1000.0)
+    loose = assess(beat, _batches([12.0] * 4, gap=0.6), interval=10.0, timeout=60.0, now=1000.0)
     assert (tight.state, loose.state) == ("DEGRADED", "RUNNING")
 
 

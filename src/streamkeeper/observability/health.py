@@ -224,12 +224,14 @@ def _overrunning(
     What does show it is the trigger: the last `OVERRUN_BATCHES` checkpoints of one run
     each took longer than the trigger interval, and each next one started as soon as the
     one before ended (an idle gap means input had caught up), and the runner still sees
-    input (`data_available`: the current trigger found some).
+    input (`data_available`: the current trigger found some). A run's first batch is left
+    out: it pays the query's start-up (a start with a few files waiting is no overload).
     """
     if not heartbeat.get("data_available") or interval <= 0:
         return None
-    rows = history[-OVERRUN_BATCHES:]
-    if len(rows) < OVERRUN_BATCHES or len({r.get("run_id") for r in rows}) != 1:
+    run = _this_run(history)[1:]  # a run's first batch pays its start-up, not its input
+    rows = run[-OVERRUN_BATCHES:]
+    if len(rows) < OVERRUN_BATCHES:
         return None
     spans = [_span(r) for r in rows]
     if any(span is None for span in spans) or any(r.get("input_rows", 0) <= 0 for r in rows):
@@ -246,6 +248,17 @@ def _overrunning(
         f"{interval:g} s trigger interval (median {statistics.median(durations):.1f} s) and "
         f"ran back to back while input kept waiting; processing {rows_per_second:.0f} rows/s",
     )
+
+
+def _this_run(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trailing rows of the latest run (same `run_id` as the last row)."""
+    if not history:
+        return []
+    run_id = history[-1].get("run_id")
+    start = len(history)
+    while start > 0 and history[start - 1].get("run_id") == run_id:
+        start -= 1
+    return history[start:]
 
 
 def _back_to_back(rows: list[dict[str, Any]], interval: float) -> bool | None:
