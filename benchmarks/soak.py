@@ -192,6 +192,13 @@ def main() -> int:
     parser.add_argument("--sample", type=float, default=60.0, help="seconds between lines")
     parser.add_argument("--warmup", type=float, default=3.0, help="minutes not judged")
     parser.add_argument("--flat", type=float, default=0.10, help="max growth/h over median")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a spec setting for the driver, e.g. maintenance.history_retention=5m",
+    )
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
@@ -203,12 +210,14 @@ def main() -> int:
     print(f"machine: {machine()}", flush=True)
     print(
         f"workdir {work}; {args.minutes:g} min at {args.rate:g} events/s, interval "
-        f"{interval:g} s, restart every {args.restart_every:g} min",
+        f"{interval:g} s, restart every {args.restart_every:g} min"
+        + (f", settings {' '.join(args.set)}" if args.set else ""),
         flush=True,
     )
     client = StreamkeeperClient(str(root))
     feeder = RateFeeder(events, args.rate, interval, keys=args.keys)
-    driver = Driver(driver_command(root, checkpoint, events, args.interval), work, client)
+    argv = driver_command(root, checkpoint, events, args.interval, *args.set)
+    driver = Driver(argv, work, client)
     samples: list[dict[str, Any]] = []
     restarts: list[dict[str, Any]] = []
     feeder.start()
@@ -231,10 +240,10 @@ def main() -> int:
         while time.time() < end:
             now = time.time()
             if now >= next_restart and end - now > 2 * args.sample:
+                minute = (now - t0) / 60  # when the stop began
                 stop_s = driver.stop()
                 driver.start()
                 first, beat = driver.first_checkpoint()
-                minute = (time.time() - t0) / 60
                 restarts.append(
                     {
                         "minute": minute,
@@ -288,6 +297,7 @@ def main() -> int:
                     "warmup_min": args.warmup,
                     "flat_threshold": args.flat,
                     "verdicts": verdicts,
+                    "settings": args.set,
                     "restarts": restarts,
                     "samples": samples,
                 }
