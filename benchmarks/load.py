@@ -1,11 +1,13 @@
 """Load: the highest input rate the sample job sustains before its status turns DEGRADED.
 
-Run:  /work/main/.venv/bin/python benchmarks/load.py [--rates 1000,5000,...] [--hold 50]
-          [--interval 1s] [--keys 100] [--after-degraded 0] [--workdir DIR] [--keep]
+Run:  /work/main/.venv/bin/python benchmarks/load.py [--rates 250,500,...] [--hold 50]
+          [--interval 1s] [--keys 100] [--after-degraded 0] [--warmup 40]
+          [--warmup-rate 1000] [--workdir DIR] [--keep]
 
 The sample job (keyed-totals, exactly once into two Delta tables on local storage) runs
 as a real driver (`streamkeeper run`, local[2]). Input is one file per trigger interval
-with `rate x interval` events (benchmarks/loadgen.py). The rate steps up; each step is
+with `rate x interval` events (benchmarks/loadgen.py). After a warm-up (`--warmup` s at
+`--warmup-rate`: a cold driver's first batches overrun at any rate) the rate steps up; each step is
 held `--hold` seconds (several checkpoints) while `StreamkeeperClient.status` is read
 every 2 s. Per step: the offered rate (events written / time), the processed rate (the
 checkpoint history's input rows over the step's second half), the median batch
@@ -74,6 +76,10 @@ def main() -> int:
     parser.add_argument("--interval", default="1s", help="trigger interval")
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--after-degraded", type=int, default=0)
+    parser.add_argument(
+        "--warmup", type=float, default=40.0, help="seconds at --warmup-rate before the steps"
+    )
+    parser.add_argument("--warmup-rate", type=float, default=1000.0)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
@@ -98,7 +104,16 @@ def main() -> int:
     try:
         _wait_first_checkpoint(client, driver, work)
         print(f"driver up: first checkpoint after {time.monotonic() - started:.1f} s", flush=True)
+        # A cold driver's first batches (JIT, Python workers) overrun the interval at any
+        # rate; the steps start warm.
+        feeder.rate = args.warmup_rate
         feeder.start()
+        time.sleep(args.warmup)
+        print(
+            f"warm-up: {args.warmup:g} s at {args.warmup_rate:g} events/s, now "
+            f"{client.status(JOB).state}; load {load_average():.2f}",
+            flush=True,
+        )
         header = (
             f"{'offered/s':>10} {'processed/s':>11} {'batch s':>7} {'backlog':>9} "
             f"{'load':>5} {'DEGRADED':>8} {'rate rule':>9}  state: reason"
