@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from streamkeeper.observability.health import (
@@ -130,3 +132,92 @@ def test_running_reason_uses_the_lineages_last_commit_not_only_this_runs() -> No
 )
 def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
+
+
+def _batches(
+    durations: list[float], *, gap: float = 0.01, run: str = "r1", interval_rows: int = 1000
+) -> list[dict]:
+    """History rows as Spark reports back-to-back batches: each input rate is rows / the
+    previous batch's span, each processing rate rows / its own duration."""
+    rows, start, previous = [], 1000.0 - sum(durations) - gap * len(durations), None
+    for i, seconds in enumerate(durations):
+        stamp = datetime.fromtimestamp(start, tz=UTC).isoformat(timespec="milliseconds")
+        since = seconds if previous is None else start - previous
+        rows.append(
+            {
+                "checkpoint_id": i,
+                "run_id": run,
+                "trigger_time": stamp.replace("+00:00", "Z"),
+                "duration_ms": int(seconds * 1000),
+                "input_rows": interval_rows,
+                "input_rows_per_second": interval_rows / since,
+                "processed_rows_per_second": interval_rows / seconds,
+                "state_bytes": 100,
+            }
+        )
+        previous = start
+        start += seconds + gap
+    return rows
+
+
+def test_back_to_back_overrunning_batches_are_falling_behind_though_the_rates_agree() -> None:
+    """Spark's two rates stay equal when input outruns processing; the trigger does not."""
+    history = _batches([2.0, 2.1, 2.0, 2.2, 2.1])
+    recent = history[-3:]
+    assert all(
+        r["processed_rows_per_second"] >= 0.9 * r["input_rows_per_second"] for r in recent
+    )  # what the rate rule sees: nothing
+    status = assess(_beat(data_available=True), history, interval=1.0, timeout=60.0, now=1000.0)
+    assert status.state == "DEGRADED"
+    assert "falling behind: the last 3 batches each took longer than the 1 s trigger" in (
+        status.reason
+    )
+    assert "median 2.1 s" in status.reason and "processing 476 rows/s" in status.reason
+
+
+@pytest.mark.parametrize(
+    ("beat", "history", "why"),
+    [
+        ({"data_available": False}, _batches([2.0, 2.0, 2.1, 2.0]), "input caught up"),
+        ({"data_available": True}, _batches([2.0] * 4, gap=0.8), "idle gaps between"),
+        ({"data_available": True}, _batches([0.6, 0.6, 0.7, 0.6]), "within the interval"),
+        ({"data_available": True}, _batches([2.0, 2.0, 0.9, 2.0]), "one batch within"),
+        ({"data_available": True}, _batches([9.0, 2.0, 2.0]), "the first pays start-up"),
+        (
+            {"data_available": True},
+            [{**r, "run_id": "r2" if i >= 2 else "r1"} for i, r in enumerate(_batches([2.0] * 5))],
+            "a restart between",
+        ),
+        ({"data_available": True}, _batches([2.0] * 4, interval_rows=0), "no input"),
+    ],
+)
+def test_overrunning_batches_are_not_falling_behind_unless_back_to_back_with_input(
+    beat: dict, history: list, why: str
+) -> None:
+    status = assess(_beat(**beat), history, interval=1.0, timeout=60.0, now=1000.0)
+    assert status.state == "RUNNING", why
+
+
+def test_longer_intervals_allow_a_proportional_gap() -> None:
+    """The slack for "back to back" is a quarter of the interval, at most 0.5 s."""
+    beat = _beat(data_available=True)
+    tight = assess(beat, _batches([12.0] * 4, gap=0.4), interval=10.0, timeout=60.0, now=1000.0)
+    loose = assess(beat, _batches([12.0] * 4, gap=0.6), interval=10.0, timeout=60.0, now=1000.0)
+    assert (tight.state, loose.state) == ("DEGRADED", "RUNNING")
+
+
+def test_slow_batches_between_idle_triggers_are_not_falling_behind() -> None:
+    """Seen live: a small file every 4 s, each batch 2-3 s on a loaded machine. Spark's input
+    rate is rows / time since the previous trigger, an idle one a second earlier, so it
+    reads twice the processing rate although nothing waits."""
+    history = _batches([2.8, 2.3, 2.7, 2.8, 2.0], gap=1.2, interval_rows=50)
+    for row in history:
+        row["input_rows_per_second"] = 50.0  # 50 rows / 1 s since the last (idle) trigger
+    status = assess(_beat(data_available=True), history, interval=1.0, timeout=60.0, now=1000.0)
+    assert status.state == "RUNNING"
+    # The same rates over batches that ran back to back: falling behind.
+    history = _batches([2.8, 2.3, 2.7, 2.8, 2.9], interval_rows=50)
+    for row in history:
+        row["input_rows_per_second"] = 50.0
+    status = assess(_beat(data_available=False), history, interval=1.0, timeout=60.0, now=1000.0)
+    assert status.state == "DEGRADED" and "processing 19 rows/s < input 50 rows/s" in status.reason

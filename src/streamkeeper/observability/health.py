@@ -8,9 +8,11 @@ completed checkpoint resets the count.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from streamkeeper.errors import CheckpointFailureLimitError
@@ -184,8 +186,15 @@ def _degraded(
             "DEGRADED",
             f"no checkpoint completed for {duration(now - float(last))} although input waits",
         )
+    behind = _overrunning(heartbeat, history, interval=interval)
+    if behind is not None:
+        return behind
     recent = [r for r in history[-5:] if r.get("input_rows", 0) > 0]
-    if len(recent) >= 3:
+    # Spark's input rate is rows / time since the previous *trigger*: after idle triggers
+    # that is one interval, not the time the rows took to arrive, so a slow batch after
+    # idle ones looks like input outrunning processing. Only batches that ran back to
+    # back (or rows without their timing) are judged by the rates.
+    if len(recent) >= 3 and _back_to_back(recent, interval) is not False:
         arriving = sum(r["input_rows_per_second"] for r in recent) / len(recent)
         processing = sum(r["processed_rows_per_second"] for r in recent) / len(recent)
         if processing < 0.9 * arriving:
@@ -199,6 +208,86 @@ def _degraded(
             "DEGRADED", f"state grew {growth:.1f}x over the last {len(history[-20:])} checkpoints"
         )
     return None
+
+
+OVERRUN_BATCHES = 3  # Spark's "current batch is falling behind", this many times in a row
+
+
+def _overrunning(
+    heartbeat: dict[str, Any], history: list[dict[str, Any]], *, interval: float
+) -> JobStatus | None:
+    """Spark's own "current batch is falling behind", sustained: input outruns processing.
+
+    Spark's rates cannot show it: with back-to-back batches its input rate (rows / time
+    since the previous trigger) is rows / the previous batch's duration, and its processing
+    rate rows / this batch's duration, so the two stay equal however much input waits.
+    What does show it is the trigger: the last `OVERRUN_BATCHES` checkpoints of one run
+    each took longer than the trigger interval, and each next one started as soon as the
+    one before ended (an idle gap means input had caught up), and the runner still sees
+    input (`data_available`: the current trigger found some). A run's first batch is left
+    out: it pays the query's start-up (a start with a few files waiting is no overload).
+    """
+    if not heartbeat.get("data_available") or interval <= 0:
+        return None
+    run = _this_run(history)[1:]  # a run's first batch pays its start-up, not its input
+    rows = run[-OVERRUN_BATCHES:]
+    if len(rows) < OVERRUN_BATCHES:
+        return None
+    spans = [_span(r) for r in rows]
+    if any(span is None for span in spans) or any(r.get("input_rows", 0) <= 0 for r in rows):
+        return None
+    if any(end - start <= interval for start, end in spans):  # type: ignore[misc]
+        return None
+    if not _back_to_back(rows, interval):
+        return None
+    durations = [end - start for start, end in spans]  # type: ignore[misc]
+    rows_per_second = sum(r["input_rows"] for r in rows) / max(sum(durations), 1e-9)
+    return JobStatus(
+        "DEGRADED",
+        f"falling behind: the last {len(rows)} batches each took longer than the "
+        f"{interval:g} s trigger interval (median {statistics.median(durations):.1f} s) and "
+        f"ran back to back while input kept waiting; processing {rows_per_second:.0f} rows/s",
+    )
+
+
+def _this_run(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trailing rows of the latest run (same `run_id` as the last row)."""
+    if not history:
+        return []
+    run_id = history[-1].get("run_id")
+    start = len(history)
+    while start > 0 and history[start - 1].get("run_id") == run_id:
+        start -= 1
+    return history[start:]
+
+
+def _back_to_back(rows: list[dict[str, Any]], interval: float) -> bool | None:
+    """Whether each batch started as soon as the one before it ended (None: no timing).
+
+    Spark starts the next trigger at once after a batch that overran its interval and
+    input waits; an idle gap of more than a quarter interval (at most 0.5 s) means the
+    trigger waited for its time or for input.
+    """
+    spans = [_span(r) for r in rows]
+    if any(span is None for span in spans):
+        return None
+    slack = min(0.25 * interval, 0.5)
+    return all(
+        nxt[0] - prev[1] <= slack  # type: ignore[index]
+        for prev, nxt in zip(spans, spans[1:], strict=False)
+    )
+
+
+def _span(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A history row's trigger start and end in seconds since the epoch, if it has them."""
+    stamp, millis = row.get("trigger_time"), row.get("duration_ms")
+    if not stamp or millis is None:
+        return None
+    try:
+        start = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+    return start, start + float(millis) / 1000.0
 
 
 def _state_growth(history: list[dict[str, Any]]) -> float | None:
