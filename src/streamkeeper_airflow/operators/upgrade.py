@@ -309,7 +309,11 @@ class ValidateUpgradeOperator(_UpgradeTask):
 
     def _quality(self, record: UpgradeRecord, tables: dict[str, str]) -> dict[str, Any] | None:
         return run_quality_gate(
-            self.expectations_path, record, {s: (uri, None) for s, uri in tables.items()}, self.log
+            self.expectations_path,
+            record,
+            {s: (uri, None) for s, uri in tables.items()},
+            self.log,
+            self.hook.settings.s3_settings(),
         )
 
 
@@ -328,18 +332,26 @@ def run_quality_gate(
     record: UpgradeRecord,
     tables: dict[str, tuple[str, int | None]],
     log: Any,
+    s3: Any = None,
 ) -> dict[str, Any] | None:
-    """Great Expectations over `tables` (sink -> URI, version); None without a suite."""
+    """Great Expectations over `tables` (sink -> URI, version); None without a suite.
+
+    `s3` (the connection's `S3Settings`) reaches tables on object storage: the worker's
+    own environment need not hold any credential, the connection does.
+    """
     suite_path = expectations_file(path, record)
     if suite_path is None:
         log.warning(
             "no expectation suite (%s) for %s: quality gate skipped", EXPECTATIONS_FILE, record.job
         )
         return None
+    from streamkeeper.storage import Location
     from streamkeeper.upgrade.quality import load_expectations, validate_tables
 
     suite = load_expectations(suite_path)
-    report = validate_tables(tables, suite)
+    report = validate_tables(
+        tables, suite, location_options=lambda uri: Location(uri, s3).storage_options()
+    )
     return {**report.to_json(), "summary": report.summary(), "suite": str(suite_path)}
 
 
@@ -481,7 +493,10 @@ class ProbationOperator(_UpgradeTask):
                 started,
             )
         tables = {name: (uri, None) for name, uri in status.tables.items()}
-        quality = run_quality_gate(self.expectations_path, record, tables, self.log)
+        with self.hook._hidden():
+            quality = run_quality_gate(
+                self.expectations_path, record, tables, self.log, self.hook.settings.s3_settings()
+            )
         if quality is not None and not quality["success"]:
             reason = f"quality gate on the live tables: {quality['summary']}"
             self._fail(record, reason, started, quality)
