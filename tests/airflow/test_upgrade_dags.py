@@ -159,6 +159,17 @@ def test_a_broken_green_is_rejected_and_blue_keeps_running(place: JobPlace, tmp_
         now = place.client().status(JOB).runner
         assert (now.epoch, now.pid) == (blue.epoch, blue.pid), "blue was touched"
         _drain_and_check(place, feeder)
+        # The shadow run stopped at a batch boundary: nothing of its lineage is left in a
+        # WAL that no start would ever recover (a cancel left its batch in flight there).
+        shadow = record.green["shadow_job"]
+        wait_for(
+            lambda: place.client().status(shadow).runner.state in ("STOPPED", "FAILED"),
+            180,
+            "green's shadow run to stop",
+        )
+        assert place.client().status(shadow).runner.state == "STOPPED"
+        left = place.client().store.list(f"lineages/{shadow}/wal")
+        assert left == [], f"the shadow left WAL entries: {left}"
     finally:
         feeder.stop()
         _stop_shadows(place)
