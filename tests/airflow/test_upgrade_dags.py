@@ -209,3 +209,15 @@ def test_a_green_failing_probation_is_rolled_back_exactly_once(
     finally:
         feeder.stop()
         _stop_shadows(place)
+
+
+def test_an_upgrade_that_never_began_rolls_nothing_back(place: JobPlace) -> None:
+    """Begin refuses a job that is not running: the rollback task skips (it used to fail
+    as an on-demand rollback without a savepoint, and alert about that)."""
+    run = run_dag(f"{JOB}.upgrade", green_spec_path=str(V2_SPEC), **FAST)
+    assert run.state == "failed"
+    states = {t: s for t, (s, _) in run.tasks.items()}
+    assert states["begin"] == "failed" and states["rollback"] == "skipped", states
+    assert states["outcome"] == "failed"
+    alerts = place.alerts.read_text() if place.alerts.exists() else ""
+    assert "savepoint_id" not in alerts, alerts

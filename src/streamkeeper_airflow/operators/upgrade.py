@@ -551,20 +551,26 @@ class RollbackOperator(StartJobOperator):
     With `upgrade_id` it rolls back that upgrade, and only if green went live and failed
     its probation (else it skips): to blue's stop savepoint, with blue's spec and launch.
     Without, to `savepoint_id` with `spec_path` (on demand, the rollback DAG).
+    `of_upgrade`: the task of an upgrade DAG, which skips when its upgrade never began.
     """
 
     template_fields: Sequence[str] = (*StartJobOperator.template_fields, "upgrade_id")
 
-    def __init__(self, *, upgrade_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, upgrade_id: str | None = None, of_upgrade: bool = False, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("spec_path", "")
         kwargs.setdefault("new_checkpoints", 1)
         super().__init__(**kwargs)
         self.upgrade_id = upgrade_id
+        self.of_upgrade = of_upgrade
 
     def execute(self, context: Context) -> Any:
         from streamkeeper.upgrade.record import UpgradeRecords
         from streamkeeper_airflow.starts import latest_launch
 
+        if self.of_upgrade and self.upgrade_id in (None, "", "None"):
+            raise AirflowSkipException("the upgrade did not begin: nothing to roll back")
         token = _token(context)
         records = UpgradeRecords(self.hook.store, self.job)
         record = self._upgrade(records)
