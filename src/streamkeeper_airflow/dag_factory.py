@@ -349,6 +349,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
         rollback = RollbackOperator(
             task_id="rollback",
             **common,
+            of_upgrade=True,
             launcher=spec.airflow.launcher,
             trigger_rule="all_done",
             on_failure_callback=_alert(entry),

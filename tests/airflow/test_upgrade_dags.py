@@ -159,6 +159,17 @@ def test_a_broken_green_is_rejected_and_blue_keeps_running(place: JobPlace, tmp_
         now = place.client().status(JOB).runner
         assert (now.epoch, now.pid) == (blue.epoch, blue.pid), "blue was touched"
         _drain_and_check(place, feeder)
+        # The shadow run stopped at a batch boundary: nothing of its lineage is left in a
+        # WAL that no start would ever recover (a cancel left its batch in flight there).
+        shadow = record.green["shadow_job"]
+        wait_for(
+            lambda: place.client().status(shadow).runner.state in ("STOPPED", "FAILED"),
+            180,
+            "green's shadow run to stop",
+        )
+        assert place.client().status(shadow).runner.state == "STOPPED"
+        left = place.client().store.list(f"lineages/{shadow}/wal")
+        assert left == [], f"the shadow left WAL entries: {left}"
     finally:
         feeder.stop()
         _stop_shadows(place)
@@ -198,3 +209,15 @@ def test_a_green_failing_probation_is_rolled_back_exactly_once(
     finally:
         feeder.stop()
         _stop_shadows(place)
+
+
+def test_an_upgrade_that_never_began_rolls_nothing_back(place: JobPlace) -> None:
+    """Begin refuses a job that is not running: the rollback task skips (it used to fail
+    as an on-demand rollback without a savepoint, and alert about that)."""
+    run = run_dag(f"{JOB}.upgrade", green_spec_path=str(V2_SPEC), **FAST)
+    assert run.state == "failed"
+    states = {t: s for t, (s, _) in run.tasks.items()}
+    assert states["begin"] == "failed" and states["rollback"] == "skipped", states
+    assert states["outcome"] == "failed"
+    alerts = place.alerts.read_text() if place.alerts.exists() else ""
+    assert "savepoint_id" not in alerts, alerts

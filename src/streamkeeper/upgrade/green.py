@@ -12,7 +12,7 @@ One process, one Spark session, two runs of the new spec:
    warm from the shadow run, so the gap in live output is S1's stop, its restore and one
    trigger interval.
 
-Anything else (the upgrade rejected, the shadow run cancelled) ends the process after
+Anything else (the upgrade rejected, the shadow run stopped or cancelled) ends the process after
 step 1; blue was never touched.
 """
 

@@ -5,7 +5,7 @@ The Airflow operators call these, so do the tests and `benchmarks/upgrade.py`:
     begin_upgrade      blue RUNNING -> savepoint S0 (self-contained) -> record `shadow`
     (launch green)     `streamkeeper upgrade-green SPEC --upgrade-id ID`
     validate_upgrade   quality gate on green's shadow tables + comparison with blue
-    reject_upgrade     `shadow` -> `rejected`; green's shadow run cancelled; blue untouched
+    reject_upgrade     `shadow` -> `rejected`; green's shadow run stopped; blue untouched
     request_handover   `shadow` -> `handover_requested`; green's shadow run stopped
     handover_gap       blue's last live commit -> green's first (once green committed)
     promote_upgrade    `live` -> `promoted` after probation
@@ -173,10 +173,15 @@ def shadow_tables(
 def reject_upgrade(
     client: StreamkeeperClient, job: str, upgrade_id: str, reason: str
 ) -> UpgradeRecord:
-    """The gate said no: green's shadow run is cancelled, blue keeps running untouched."""
+    """The gate said no: green's shadow run stops, blue keeps running untouched.
+
+    At a batch boundary, not cancelled: a cancel interrupts the batch in flight and
+    leaves its WAL manifest, staging and pre-committed files for the next start's
+    recovery, and a shadow lineage never starts again.
+    """
     records = UpgradeRecords(client.store, job)
     record = records.advance(upgrade_id, ("shadow",), "rejected", reason=reason)
-    _stop_shadow(client, record, cancel=True)
+    _stop_shadow(client, record, cancel=False, command_id=f"reject-{upgrade_id}")
     _release(client, record, record.blue["savepoint"])
     return record
 

@@ -309,7 +309,11 @@ class ValidateUpgradeOperator(_UpgradeTask):
 
     def _quality(self, record: UpgradeRecord, tables: dict[str, str]) -> dict[str, Any] | None:
         return run_quality_gate(
-            self.expectations_path, record, {s: (uri, None) for s, uri in tables.items()}, self.log
+            self.expectations_path,
+            record,
+            {s: (uri, None) for s, uri in tables.items()},
+            self.log,
+            self.hook.settings.s3_settings(),
         )
 
 
@@ -328,18 +332,26 @@ def run_quality_gate(
     record: UpgradeRecord,
     tables: dict[str, tuple[str, int | None]],
     log: Any,
+    s3: Any = None,
 ) -> dict[str, Any] | None:
-    """Great Expectations over `tables` (sink -> URI, version); None without a suite."""
+    """Great Expectations over `tables` (sink -> URI, version); None without a suite.
+
+    `s3` (the connection's `S3Settings`) reaches tables on object storage: the worker's
+    own environment need not hold any credential, the connection does.
+    """
     suite_path = expectations_file(path, record)
     if suite_path is None:
         log.warning(
             "no expectation suite (%s) for %s: quality gate skipped", EXPECTATIONS_FILE, record.job
         )
         return None
+    from streamkeeper.storage import Location
     from streamkeeper.upgrade.quality import load_expectations, validate_tables
 
     suite = load_expectations(suite_path)
-    report = validate_tables(tables, suite)
+    report = validate_tables(
+        tables, suite, location_options=lambda uri: Location(uri, s3).storage_options()
+    )
     return {**report.to_json(), "summary": report.summary(), "suite": str(suite_path)}
 
 
@@ -481,7 +493,10 @@ class ProbationOperator(_UpgradeTask):
                 started,
             )
         tables = {name: (uri, None) for name, uri in status.tables.items()}
-        quality = run_quality_gate(self.expectations_path, record, tables, self.log)
+        with self.hook._hidden():
+            quality = run_quality_gate(
+                self.expectations_path, record, tables, self.log, self.hook.settings.s3_settings()
+            )
         if quality is not None and not quality["success"]:
             reason = f"quality gate on the live tables: {quality['summary']}"
             self._fail(record, reason, started, quality)
@@ -536,20 +551,26 @@ class RollbackOperator(StartJobOperator):
     With `upgrade_id` it rolls back that upgrade, and only if green went live and failed
     its probation (else it skips): to blue's stop savepoint, with blue's spec and launch.
     Without, to `savepoint_id` with `spec_path` (on demand, the rollback DAG).
+    `of_upgrade`: the task of an upgrade DAG, which skips when its upgrade never began.
     """
 
     template_fields: Sequence[str] = (*StartJobOperator.template_fields, "upgrade_id")
 
-    def __init__(self, *, upgrade_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, upgrade_id: str | None = None, of_upgrade: bool = False, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("spec_path", "")
         kwargs.setdefault("new_checkpoints", 1)
         super().__init__(**kwargs)
         self.upgrade_id = upgrade_id
+        self.of_upgrade = of_upgrade
 
     def execute(self, context: Context) -> Any:
         from streamkeeper.upgrade.record import UpgradeRecords
         from streamkeeper_airflow.starts import latest_launch
 
+        if self.of_upgrade and self.upgrade_id in (None, "", "None"):
+            raise AirflowSkipException("the upgrade did not begin: nothing to roll back")
         token = _token(context)
         records = UpgradeRecords(self.hook.store, self.job)
         record = self._upgrade(records)
