@@ -210,5 +210,5 @@ def test_cli_from_checkpoint_refuses_bad_ids_and_a_non_empty_directory(tmp_path:
 
     (tmp_path / "checkpoint" / "offsets").mkdir(parents=True)
     result = runner.invoke(app, [*base, "--from-checkpoint", "latest"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input: nothing was touched
     assert "is not empty" in result.output and str(tmp_path / "checkpoint") in result.output
