@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,13 +133,19 @@ class Lineage:
 
     def wait_for_batch(self, process: subprocess.Popen, after: int) -> None:
         """A batch of this run committed (the job runs and has state to save)."""
+        self.wait_until(process, lambda: self.head_seq() > after, "a batch of the new run")
 
-        def committed() -> bool:
+    def wait_until(
+        self, process: subprocess.Popen, condition: Callable[[], bool], what: str
+    ) -> None:
+        """Wait for `condition` while the driver runs (a driver that ended fails at once)."""
+
+        def reached() -> bool:
             if process.poll() is not None:
                 raise AssertionError(f"the driver ended ({process.returncode}): {self._log()}")
-            return self.head_seq() > after
+            return condition()
 
-        wait_for(committed, 300, "a batch of the new run")
+        wait_for(reached, 300, what)
 
     def ended(self, process: subprocess.Popen, *, killed: bool, timeout: float = 300) -> None:
         try:
@@ -248,7 +255,7 @@ def test_sigkill_at_every_savepoint_step_leaves_the_previous_savepoint_and_the_j
     lineage.feed()
     process = lineage.start("ck-restored", from_savepoint=stopped)
     expected_totals = expected_results(lineage.files)[0]
-    wait_for(lambda: lineage.check_output() == len(lineage.files), 300, "every file processed")
+    lineage.wait_until(process, lambda: lineage.check_output() == len(lineage.files), "every file")
     stop = lineage.client.send_command(JOB, "stop")
     assert lineage.client.wait_for_result(JOB, stop.id, timeout=300).ok
     lineage.ended(process, killed=False)

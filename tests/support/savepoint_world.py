@@ -15,7 +15,11 @@ from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.externalized import ExternalizedCheckpoints
 from streamkeeper.snapshots.index import read_index
 from streamkeeper.snapshots.restore import download
-from streamkeeper.snapshots.savepoint_capture import in_savepoint
+from streamkeeper.snapshots.savepoint_capture import (
+    in_savepoint,
+    source_log_offsets,
+    source_offsets,
+)
 from streamkeeper.snapshots.savepoint_check import check_savepoint
 from streamkeeper.snapshots.savepoint_disposal import apply_savepoint_retention, sweep_savepoints
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
@@ -33,6 +37,12 @@ from streamkeeper.storage import LocalStore, Location
 JOB = "blue"
 NOW = 1_800_000_000.0
 DAY = 86400.0
+
+
+def _offsets(log_offset: int) -> str:
+    """offsets/N as Spark writes it for one file source at `log_offset`."""
+    metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}
+    return f"v1\n{json.dumps(metadata)}\n{json.dumps({'logOffset': log_offset})}"
 
 
 class Crash(Exception):
@@ -87,10 +97,15 @@ class World:
     # -- the job ---------------------------------------------------------------------
 
     def run_batch(self, planned: bool) -> None:
-        """Batch N completes (state version N+1), maybe N+1 is planned; checkpoint it."""
+        """Batch N completes (state version N+1), maybe N+1 is planned; checkpoint it.
+
+        The file source's log runs one entry ahead of the batches, as a run killed after
+        logging an entry and before planning its batch leaves it: batch N reads entry N+1.
+        """
         self.batch += 1
         n = self.batch
-        self._write(f"offsets/{n}", f"offsets {n}")
+        self._write(f"sources/0/{n + 1}", f'v1\n{{"path": "file:/in/{n}.json"}}')
+        self._write(f"offsets/{n}", _offsets(n + 1))
         self._write(f"state/0/0/{n + 1}.delta", f"state {n + 1} {self.rng.random()}")
         self._write(f"state/0/1/{n + 1}.delta", f"state {n + 1} {self.rng.random()}")
         self._write(f"commits/{n}", f"commit {n}")
@@ -101,7 +116,8 @@ class World:
         self.checkpoints.uploader.upload(self.seq)
         self.checkpoints.uploader.retain(2)
         if planned:  # Spark planned N+1 and its batch waits at the boundary
-            self._write(f"offsets/{n + 1}", f"offsets {n + 1}")
+            self._write(f"sources/0/{n + 2}", f'v1\n{{"path": "file:/in/{n + 1}.json"}}')
+            self._write(f"offsets/{n + 1}", _offsets(n + 2))
 
     def _write(self, path: str, text: str) -> None:
         target = self.local / path
@@ -122,10 +138,12 @@ class World:
             epoch=self.fence.epoch,
             created_at=self.now,
         )
+        source_logs = source_log_offsets(self.local, self.batch)
         expected = {
             f.relative_to(self.local).as_posix(): f.read_bytes()
             for f in self.local.rglob("*")
-            if f.is_file() and in_savepoint(f.relative_to(self.local).as_posix(), self.batch)
+            if f.is_file()
+            and in_savepoint(f.relative_to(self.local).as_posix(), self.batch, source_logs)
         }
         if crash_at is not None:
             injection.register(crash_at, crash)
@@ -135,7 +153,8 @@ class World:
                 files = self.writer.self_contained(savepoint_id, self.seq, self.batch)
             else:
                 files = self.writer.pinned(savepoint_id, self.seq, self.batch)
-            self.writer.complete(_manifest(entry, self.seq, self.batch, files))
+            offsets = source_offsets(self.local, self.batch)[0]
+            self.writer.complete(_manifest(entry, self.seq, self.batch, files, offsets))
         except Crash:
             return None
         finally:
@@ -214,7 +233,9 @@ def crash(**_context: object) -> None:
     raise Crash
 
 
-def _manifest(entry: SavepointEntry, seq: int, batch: int, files: list) -> SavepointManifest:
+def _manifest(
+    entry: SavepointEntry, seq: int, batch: int, files: list, offsets: list
+) -> SavepointManifest:
     return SavepointManifest(
         id=entry.id,
         job=entry.job,
@@ -230,7 +251,7 @@ def _manifest(entry: SavepointEntry, seq: int, batch: int, files: list) -> Savep
         state_backend="hdfs",
         partitions=2,
         operators=[],
-        source_offsets=[],
+        source_offsets=offsets,
         tables={},
         files=files,
         checkpoint_id=seq if entry.storage == "pinned" else None,

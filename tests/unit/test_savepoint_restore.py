@@ -51,6 +51,23 @@ def test_a_savepoint_captures_checkpoint_n_and_nothing_planned_after_it(
     assert in_savepoint(path, 7) is kept
 
 
+@pytest.mark.parametrize(
+    ("path", "kept"),
+    [
+        ("sources/0/9", True),  # batch 7 read log entry 9: a killed run left the log ahead
+        ("sources/0/10", False),  # logged while Spark planned batch 8
+        ("sources/0/9.compact", True),
+        ("sources/1/7", True),  # a source without a log offset: cut at the batch
+        ("sources/1/8", False),
+        ("offsets/8", False),
+    ],
+)
+def test_the_file_source_log_is_cut_at_its_own_offset_not_at_the_batch(
+    path: str, kept: bool
+) -> None:
+    assert in_savepoint(path, 7, {"0": 9}) is kept
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> World:
     world = World(tmp_path)
@@ -113,6 +130,28 @@ def test_other_kinds_of_broken(world: World, tmp_path: Path) -> None:
     assert "not valid JSON" in " ".join(client.describe_savepoint(garbled).problems)  # type: ignore[arg-type]
 
 
+def test_a_savepoint_without_the_source_log_entry_its_batch_read_is_broken(
+    world: World, tmp_path: Path
+) -> None:
+    """As one taken before the log was cut at its own offset: Spark fails to resume it."""
+    savepoint_id = world.take(self_contained=True)
+    assert savepoint_id is not None
+    key = world.store.root / world.layout.savepoint_manifest(savepoint_id)
+    manifest = json.loads(key.read_text())
+    entry = f"sources/0/{world.batch + 1}"  # the World's log runs one entry ahead
+    assert any(f["path"] == entry for f in manifest["files"])
+    manifest["files"] = [f for f in manifest["files"] if f["path"] != entry]
+    key.write_text(json.dumps(manifest))
+
+    problems = " ".join(
+        StreamkeeperClient(str(world.store.root)).describe_savepoint(savepoint_id).problems
+    )
+    assert f"lacks entry {world.batch + 1} of source 0's file log ({entry})" in problems
+    with pytest.raises(BrokenSavepointError, match="take a new savepoint"):
+        _plan(world, savepoint_id, tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()
+
+
 def test_another_jobs_savepoint_is_refused_before_anything_changes(
     world: World, tmp_path: Path
 ) -> None:
@@ -171,6 +210,9 @@ def test_a_restore_is_whole_or_nothing_and_a_retried_start_resumes(
     }
     assert restored == world.captured[savepoint_id]
     assert "offsets/2" not in restored  # planned after batch 1: not captured
+    # Batch 1 read the file source's log entry 2 (the log runs ahead): Spark reads it back
+    # to resume, so it is restored; entry 3, logged for the planned batch 2, is not.
+    assert "sources/0/2" in restored and "sources/0/3" not in restored
     assert json.loads((local / RESTORE_MARKER).read_text())["savepoint_id"] == savepoint_id
     assert _plan(world, savepoint_id, local).already_restored  # an Airflow retry resumes
 

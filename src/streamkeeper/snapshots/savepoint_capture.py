@@ -4,10 +4,13 @@ The savepoint is taken at a batch boundary after batch N committed (see PROTOCOL
 "Savepoints"). Spark may have planned batch N+1 already (`offsets/N+1`); no state of
 it was written (the batch boundary is held). The capture is checkpoint N exactly:
 offsets and commits up to N, state versions up to N+1 (batch N writes version N+1).
-The file source's log (`sources/{i}/{n}`, `{n}.compact`) is cut at N too: an entry for
+The file source's log (`sources/{i}/{n}`, `{n}.compact`) is cut too: an entry for
 N+1 written while Spark planned it would make the restored query's first batch read N+1's
 files and the next ones together, so its output would be batched unlike the original's
-(a change log appended per batch would differ, and blue-green validation with it).
+(a change log appended per batch would differ, and blue-green validation with it). It is
+cut at the source's own log offset in offsets/N, not at N: the log numbers its entries
+apart from the batches (a run killed after logging an entry, before planning its batch,
+leaves the log ahead), and a restored query reads entry `logOffset` to resume.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from streamkeeper.snapshots import savepoint_points
 from streamkeeper.snapshots.manifest import WORKERS, CheckpointFile, FileTransfer, LocalFile
 from streamkeeper.snapshots.savepoint_manifest import SELF_CONTAINED_FOLDER
 from streamkeeper.spec import JobSpec
+from streamkeeper.state.positions import file_log_offset
 from streamkeeper.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -38,22 +42,45 @@ def _number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def in_savepoint(path: str, batch_id: int) -> bool:
-    """Whether a checkpoint file belongs to checkpoint `batch_id` (nothing planned after it)."""
+def in_savepoint(path: str, batch_id: int, source_logs: Mapping[str, int] | None = None) -> bool:
+    """Whether a checkpoint file belongs to checkpoint `batch_id` (nothing planned after it).
+
+    Args:
+        source_logs: each file source's log offset in offsets/N, by source index (see
+            `source_log_offsets`); a source not in it is cut at `batch_id`.
+    """
     parts = path.split("/")
     number = _number(parts[-1])
     if parts[0] in ("offsets", "commits") and len(parts) == 2 and number is not None:
         return number <= batch_id
     if parts[0] == "sources" and len(parts) == 3 and number is not None:
-        return number <= batch_id  # sources/{source}/{batch}[.compact]
+        # sources/{source}/{entry}[.compact]
+        return number <= (source_logs or {}).get(parts[1], batch_id)
     if parts[0] == "state" and len(parts) == 4 and number is not None:
         return number <= batch_id + 1  # state/{op}/{partition}/{version}.*
     return True
 
 
-def savepoint_view(files: list[CheckpointFile], batch_id: int) -> list[CheckpointFile]:
+def savepoint_view(
+    files: list[CheckpointFile], batch_id: int, source_logs: Mapping[str, int] | None = None
+) -> list[CheckpointFile]:
     """The files of checkpoint `batch_id` among a captured checkpoint's files."""
-    return [f for f in files if in_savepoint(f.path, batch_id)]
+    return [f for f in files if in_savepoint(f.path, batch_id, source_logs)]
+
+
+def source_log_offsets(directory: Path, batch_id: int) -> dict[str, int]:
+    """Each file source's log offset in offsets/N, by source index ("0", "1", ...).
+
+    Raises:
+        SavepointError: offsets/N is missing or unreadable.
+    """
+    offsets, _ = source_offsets(directory, batch_id)
+    found = {}
+    for index, offset in enumerate(offsets):
+        log_offset = file_log_offset(None if offset is None else json.dumps(offset))
+        if log_offset is not None:
+            found[str(index)] = log_offset
+    return found
 
 
 def source_offsets(directory: Path, batch_id: int) -> tuple[list[Any], dict[str, Any]]:

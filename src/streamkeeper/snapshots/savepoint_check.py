@@ -8,6 +8,7 @@ of the files; a restore checks each file's sha256 as it downloads it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from streamkeeper.snapshots.savepoint_manifest import (
     SavepointPlace,
 )
 from streamkeeper.snapshots.savepoints import SavepointEntry
+from streamkeeper.state.positions import file_log_offset
 
 log = logging.getLogger(__name__)
 SHOWN_PROBLEMS = 5
@@ -91,7 +93,28 @@ def check_savepoint(
     check.problems += _file_problems(place, manifest)
     if manifest.format == "canonical":
         check.problems += _canonical_problems(place, manifest)
+    else:
+        check.problems += _source_log_problems(manifest)
     return check
+
+
+def _source_log_problems(manifest: SavepointManifest) -> list[str]:
+    """A native savepoint holds the file source's log entry its batch read: Spark reads
+    it back to resume (the log numbers entries apart from batches)."""
+    if not manifest.files:
+        return []
+    paths = {file.path for file in manifest.files}
+    problems = []
+    for index, offset in enumerate(manifest.source_offsets):
+        entry = None if offset is None else file_log_offset(json.dumps(offset))
+        if entry is None or entry < 0:
+            continue
+        if not {f"sources/{index}/{entry}", f"sources/{index}/{entry}.compact"} & paths:
+            problems.append(
+                f"it lacks entry {entry} of source {index}'s file log (sources/{index}/{entry}), "
+                "which a restored query reads to resume; take a new savepoint"
+            )
+    return problems
 
 
 def _pin_problems(

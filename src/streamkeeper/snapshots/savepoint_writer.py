@@ -31,7 +31,12 @@ from streamkeeper.snapshots.externalized import (
     stored_checkpoint,
 )
 from streamkeeper.snapshots.manifest import CheckpointFile, scan_checkpoint
-from streamkeeper.snapshots.savepoint_capture import SelfContainedCopy, in_savepoint, savepoint_view
+from streamkeeper.snapshots.savepoint_capture import (
+    SelfContainedCopy,
+    in_savepoint,
+    savepoint_view,
+    source_log_offsets,
+)
 from streamkeeper.snapshots.savepoint_disposal import apply_savepoint_retention, delete_savepoint
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest
 from streamkeeper.snapshots.savepoints import Registry, SavepointEntry, SavepointRegistry
@@ -85,7 +90,7 @@ class SavepointWriter:
             pin_checkpoint(uploader, savepoint_id, seq)
             uploader.discard_all()  # not externalized: keep only what savepoints pin
         savepoint_points.reached("savepoint_after_pin")
-        return savepoint_view(base.files, batch_id)
+        return savepoint_view(base.files, batch_id, source_log_offsets(self.directory, batch_id))
 
     def self_contained(self, savepoint_id: str, seq: int, batch_id: int) -> list[CheckpointFile]:
         """Copy checkpoint N's files into the savepoint's folder; returns their entries.
@@ -95,11 +100,16 @@ class SavepointWriter:
         """
         copier = SelfContainedCopy(self.store, self.directory, self.layout.savepoint(savepoint_id))
         base = None if self.checkpoints is None else self.checkpoints.stored(seq, batch_id)
+        source_logs = source_log_offsets(self.directory, batch_id)
         self.guard()
         if base is not None:
-            files = copier.copy(savepoint_view(base.files, batch_id), [])
+            files = copier.copy(savepoint_view(base.files, batch_id, source_logs), [])
         else:
-            local = [f for f in scan_checkpoint(self.directory) if in_savepoint(f.path, batch_id)]
+            local = [
+                f
+                for f in scan_checkpoint(self.directory)
+                if in_savepoint(f.path, batch_id, source_logs)
+            ]
             files = copier.copy([], local)
         savepoint_points.reached("savepoint_after_pin")
         return files
