@@ -107,3 +107,30 @@ def test_a_commit_whose_response_is_lost_is_not_repeated(
     assert target.committed_seq() == 7
     rows = table.to_pyarrow_dataset().to_table(use_threads=False).to_pylist()
     assert sorted(r["key"] for r in rows) == ["a", "b"]
+
+
+def test_staged_rows_are_read_back_through_s3_errors(proxy: S3FaultProxy) -> None:
+    """A batch reads its staged merge rows back (the key column only, to check one row per
+    key): an S3 error on that small ranged read used to fail at once, unretried, because
+    the AWS SDK wrote the error's body into the range's buffer ("Failed to flush response
+    stream"); found by the fault run, where it failed batches and upgrade probations."""
+    from streamkeeper.commit.tables import read_staged_files
+    from streamkeeper.commit.wal import DataFile
+
+    location = _through(proxy, f"s3://{S3_BUCKET}/staged-{uuid.uuid4().hex[:8]}")
+    path = f"{location.fs_path}/e1-part.parquet"
+    pq.write_table(
+        pa.table({"key": ["a", "b", "c"], "n": [1, 2, 3]}),
+        path,
+        filesystem=location.arrow_filesystem(),
+    )
+    staged = [DataFile(f"{location.uri}/e1-part.parquet", 0, 3, "{}", "test")]
+    proxy.set_faults(FaultPlan([Fault("error_503", 0.15, {"GET"})], seed=5))
+    for _ in range(40):
+        assert read_staged_files(staged, location, columns=["key"]).column("key").to_pylist() == [
+            "a",
+            "b",
+            "c",
+        ]
+    stats = proxy.stats()
+    assert stats["error_503"] > 5, stats
