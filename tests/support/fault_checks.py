@@ -10,9 +10,10 @@
   directory does not: an upgrade sets it aside, a rollback restores another).
 - `check_dedup`: the dedup job's table holds every distinct input event exactly once.
 - `find_orphans`: files in a table's folder that no readable version of its log ever
-  referenced, WAL manifests and staging left under any lineage, savepoints not
-  `complete`, externalized checkpoint objects no indexed or pinned checkpoint
-  references, and restore staging folders left beside the checkpoint directories.
+  referenced (a lineage's checkpoint history table apart: `history_files`), WAL
+  manifests and staging left under any lineage, savepoints not `complete`, externalized
+  checkpoint objects no indexed or pinned checkpoint references, and restore staging
+  folders left beside the checkpoint directories.
 """
 
 from __future__ import annotations
@@ -250,6 +251,7 @@ def find_orphans(
     store = root.store()
     orphans: dict[str, list[str]] = {
         "files": [],
+        "history_files": [],
         "wal": [],
         "savepoints": [],
         "checkpoints": [],
@@ -257,9 +259,11 @@ def find_orphans(
     }
     for table in tables:
         known = known_files(table)
+        # A lineage's checkpoint history (observability) apart from the tables of data.
+        kind = "history_files" if re.search(r"/lineages/[^/]+/history$", table.uri) else "files"
         for key in table.store().list(""):
             if not key.startswith(_CONTROL) and key not in known:
-                orphans["files"].append(f"{table.uri}/{key}")
+                orphans[kind].append(f"{table.uri}/{key}")
     for lineage in store.children("lineages"):
         orphans["wal"] += store.list(f"lineages/{lineage}/wal")
         orphans["savepoints"] += _unfinished_savepoints(store, lineage)

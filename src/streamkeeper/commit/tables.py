@@ -358,7 +358,14 @@ def read_staged_rows(part: SinkBatch, like: Location, sink: str = "?") -> pa.Tab
 def read_staged_files(
     files: list[DataFile], like: Location, columns: list[str] | None = None
 ) -> pa.Table:
-    """Staged merge files (absolute paths on `like`'s file system) as one table."""
+    """Staged merge files (absolute paths on `like`'s file system) as one table.
+
+    Each file is read whole, in one GET, then parsed: a ranged read of a small column
+    chunk (a few keys) fails at once, unretried, when S3 answers it with an error (a 503
+    SlowDown): the AWS SDK writes the error's body into the range's preallocated buffer,
+    which it does not fit ("Failed to flush response stream"), and that failed the batch.
+    A plain GET is retried like any other request. Staged files are one batch's rows.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -366,7 +373,7 @@ def read_staged_files(
     tables = []
     for data_file in files:
         path = data_file.path.removeprefix("s3://") if like.is_s3 else data_file.path
-        tables.append(
-            pq.read_table(path, columns=columns, filesystem=filesystem, use_threads=False)
-        )
+        with filesystem.open_input_stream(path) as stream:
+            body = pa.BufferReader(stream.read())
+        tables.append(pq.read_table(body, columns=columns, use_threads=False))
     return pa.concat_tables(tables)

@@ -115,6 +115,10 @@ class Location:
             scheme=endpoint.scheme if endpoint else "https",
             connect_timeout=5,
             request_timeout=30,
+            # Six attempts with exponential back-off and no retry quota: the default
+            # (standard: three attempts, and a quota per client that faults drain, after
+            # which nothing is retried) failed writes and reads under a few % of 503s.
+            retry_strategy=pafs.AwsDefaultS3RetryStrategy(max_attempts=6),
         )
 
     def store(self) -> ObjectStore:
