@@ -10,7 +10,8 @@
   directory does not: an upgrade sets it aside, a rollback restores another).
 - `check_dedup`: the dedup job's table holds every distinct input event exactly once.
 - `find_orphans`: files in a table's folder that no readable version of its log ever
-  referenced (a lineage's checkpoint history table apart: `history_files`), WAL
+  referenced (a lineage's checkpoint history's files younger than its sweep's age
+  apart: `history_awaiting_sweep`, no orphans), WAL
   manifests and staging left under any lineage, savepoints not `complete`, externalized
   checkpoint objects no indexed or pinned checkpoint references, and restore staging
   folders left beside the checkpoint directories.
@@ -207,6 +208,28 @@ def check_dedup(unique: Location, files: list[Path]) -> Verdict:
 # -- leftovers ----------------------------------------------------------------------------------
 
 _CONTROL = ("_delta_log/", "_streamkeeper/")
+# A failed checkpoint-history append's file, too young for the runner's sweep to take
+# (observability/history.py): the run ended before its sweep. Not an orphan.
+AWAITING_SWEEP = "history_awaiting_sweep"
+
+
+def _young_files(table: Location) -> set[str]:
+    """The table folder's files younger than the history sweep's minimum age."""
+    import time
+
+    import pyarrow.fs as pafs
+
+    from streamkeeper.observability.history import UNREFERENCED_MIN_AGE
+
+    cutoff = time.time() - UNREFERENCED_MIN_AGE
+    found = table.arrow_filesystem().get_file_info(
+        pafs.FileSelector(table.fs_path, allow_not_found=True)
+    )
+    return {
+        info.base_name
+        for info in found
+        if info.type == pafs.FileType.File and info.mtime and info.mtime.timestamp() >= cutoff
+    }
 
 
 def _unfinished_savepoints(store: Any, lineage: str) -> list[str]:
@@ -251,7 +274,7 @@ def find_orphans(
     store = root.store()
     orphans: dict[str, list[str]] = {
         "files": [],
-        "history_files": [],
+        AWAITING_SWEEP: [],
         "wal": [],
         "savepoints": [],
         "checkpoints": [],
@@ -259,10 +282,11 @@ def find_orphans(
     }
     for table in tables:
         known = known_files(table)
-        # A lineage's checkpoint history (observability) apart from the tables of data.
-        kind = "history_files" if re.search(r"/lineages/[^/]+/history$", table.uri) else "files"
+        is_history = re.search(r"/lineages/[^/]+/history$", table.uri) is not None
+        young = _young_files(table) if is_history else set()
         for key in table.store().list(""):
             if not key.startswith(_CONTROL) and key not in known:
+                kind = AWAITING_SWEEP if key in young else "files"
                 orphans[kind].append(f"{table.uri}/{key}")
     for lineage in store.children("lineages"):
         orphans["wal"] += store.list(f"lineages/{lineage}/wal")

@@ -5,6 +5,8 @@ one, a missing or repeated event, and leftovers are each reported."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from streamkeeper.commit.tables import TableCommitter, TableTarget, ensure_table
 from streamkeeper.commit.wal import DataFile, SinkBatch
 from streamkeeper.storage import Location
 from tests.support.fault_checks import (
+    AWAITING_SWEEP,
     check_dedup,
     check_keyed,
     dedup_event,
@@ -121,3 +124,27 @@ def test_leftovers_are_found(tmp_path: Path, files: list[Path]) -> None:
     assert orphans["files"] == [f"{target.location.uri}/sk-lin/{2:020d}/e1-x.parquet"]
     assert orphans["wal"] == ["lineages/lin/wal/manifests/00000000000000000002.json"]
     assert orphans["staging"] == [str(checkpoint.parent / ".job.restore-1a2b")]
+
+
+def test_a_history_file_awaiting_its_sweep_is_no_orphan_but_an_old_one_is(
+    tmp_path: Path,
+) -> None:
+    from streamkeeper.observability.history import (
+        UNREFERENCED_MIN_AGE,
+        CheckpointHistory,
+        record_from_progress,
+    )
+    from tests.unit.test_client import _progress
+
+    root = Location(str(tmp_path / "root"))
+    history = root.child("lineages/lin/history")
+    CheckpointHistory(history).append([record_from_progress(_progress(0), commit_seq=0)])
+    folder = Path(history.uri)
+    young, old = folder / "part-young.parquet", folder / "part-old.parquet"
+    for path in (young, old):
+        path.write_bytes(b"PAR1")
+    aged = time.time() - UNREFERENCED_MIN_AGE - 60
+    os.utime(old, (aged, aged))
+    orphans = find_orphans(root, [history], [])
+    assert orphans[AWAITING_SWEEP] == [f"{history.uri}/part-young.parquet"]
+    assert orphans["files"] == [f"{history.uri}/part-old.parquet"]

@@ -11,11 +11,19 @@ so it is kept beside it as `batch_id`. Only committed checkpoints get a row.
 Tables written before `batch_id` existed held the batch id in `checkpoint_id` and also
 rows for triggers that committed nothing (`commit_seq` null); `read` translates the
 first and drops the second, and `append` adds the column (schema evolution).
+
+A failed append leaves its data file behind: delta-rs writes the file, then commits,
+and a commit that fails (an S3 error through its retries) references nothing.
+`sweep_unreferenced` deletes such files once they are `UNREFERENCED_MIN_AGE` old; the
+age keeps it off a file whose append is still under way (another runner's, say one
+being fenced out), as Delta's vacuum retention does. The runner sweeps when it starts
+and after a failed append (runtime/supervisor.py).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -160,6 +168,9 @@ def normalize(row: dict[str, Any]) -> dict[str, Any] | None:
     return {**row, "checkpoint_id": int(seq)}
 
 
+UNREFERENCED_MIN_AGE = 600.0  # seconds: far longer than an append takes, retries and all
+
+
 class CheckpointHistory:
     """Appends records to, and reads them from, the lineage's history table."""
 
@@ -180,6 +191,43 @@ class CheckpointHistory:
             schema_mode="merge",  # tables from before batch_id gain the column
             storage_options=self.location.storage_options(),
         )
+
+    def sweep_unreferenced(
+        self, min_age: float = UNREFERENCED_MIN_AGE, now: float | None = None
+    ) -> int:
+        """Delete the data files no commit references that are older than `min_age` s.
+
+        Returns how many unreferenced files were younger and kept (sweep again later).
+        """
+        import pyarrow as pa
+        import pyarrow.fs as pafs
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        filesystem = self.location.arrow_filesystem()
+        found = filesystem.get_file_info(
+            pafs.FileSelector(self.location.fs_path, allow_not_found=True)
+        )
+        try:
+            table = DeltaTable(self.location.uri, storage_options=self.location.storage_options())
+            actions = pa.table(table.get_add_actions(flatten=True))
+            referenced = {unquote(path) for path in actions["path"].to_pylist()}
+        except TableNotFoundError:  # the first append failed: no commit references anything
+            referenced = set()
+        cutoff = (time.time() if now is None else now) - min_age
+        kept, old = 0, []
+        for info in found:
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+                continue  # _delta_log/ is a folder; nothing else is written here
+            if info.base_name in referenced:
+                continue
+            if info.mtime is None or info.mtime.timestamp() >= cutoff:
+                kept += 1
+            else:
+                old.append(info.base_name)
+        # Through the object store: pyarrow's S3 delete leaves a folder marker object.
+        self.location.store().delete(old)
+        return kept
 
     def read(self, last: int | None = None) -> list[dict[str, Any]]:
         """Checkpoints ordered by id (the last `last` of them if given), one row per id.

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25
 HISTORY_FLUSH_SECONDS = 2.0
+HISTORY_SWEEP_SECONDS = 60.0  # between sweeps while unreferenced history files wait
 
 
 class QuerySupervisor:
@@ -58,6 +59,8 @@ class QuerySupervisor:
         self.stop_requested = stop_requested
         self.data_available = False
         self._recorded: set[int] = set()
+        # A start sweeps what a predecessor's failed append left (observability/history.py).
+        self._sweep_at: float | None = time.monotonic()
         self.progress = progress
         self._last_report: tuple[int, str] | None = None
         self._last_flush = time.monotonic()
@@ -165,6 +168,22 @@ class QuerySupervisor:
             self.history.append(records)
         except Exception:  # noqa: BLE001 - history is observability, never a reason to fail
             log.exception("could not append %d checkpoint history rows", len(records))
+            self._recorded -= {r.batch_id for r in records}  # the next flush tries again
+            if self._sweep_at is None:  # its data file may be left, unreferenced
+                self._sweep_at = time.monotonic() + HISTORY_SWEEP_SECONDS
+        self._sweep_history()
+
+    def _sweep_history(self) -> None:
+        if self._sweep_at is None or time.monotonic() < self._sweep_at:
+            return
+        try:
+            waiting = self.history.sweep_unreferenced()
+        except Exception:  # noqa: BLE001 - tried again at the next sweep
+            log.warning(
+                "could not sweep the checkpoint history's unreferenced files", exc_info=True
+            )
+            waiting = 1
+        self._sweep_at = time.monotonic() + HISTORY_SWEEP_SECONDS if waiting else None
 
 
 _PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Fault|Exit)): (.+)$")
