@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,21 @@ def _files_below(folder: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+def _airflow_home_files(home: Path, scratch: Path) -> dict[str, bytes]:
+    """AIRFLOW_HOME's files (the SQLite DB with its WAL, task logs), read from a copy.
+
+    The copy is made by another process: closing any descriptor of the DB in this one
+    drops the POSIX locks its SQLite connections hold. Airflow's components, started
+    later by another test on this worker, would then take the WAL for unused and
+    reset it, and this process's next query would read a "malformed" database.
+    """
+    copy = scratch / "airflow-home-copy"
+    subprocess.run(["cp", "-a", str(home), str(copy)], check=True)
+    return {
+        str(home / name[len(str(copy)) + 1 :]): body for name, body in _files_below(copy).items()
+    }
+
+
 def _leaks(artifacts: dict[str, bytes]) -> list[str]:
     return [name for name, body in artifacts.items() if any(c in body for c in CANARIES)]
 
@@ -115,6 +131,7 @@ def test_the_canary_credential_is_in_no_artifact_of_a_jobs_life(
     s3_place: JobPlace,
     canary_s3: Any,
     tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     from fastapi.testclient import TestClient
@@ -148,7 +165,11 @@ def test_the_canary_credential_is_in_no_artifact_of_a_jobs_life(
         assert any(part in key for key in objects), (part, sorted(objects)[:20])
     artifacts = {f"s3://{BUCKET}/{k}": _decoded(k, body) for k, body in objects.items()}
     artifacts |= _files_below(tmp_path)
-    artifacts |= _files_below(Path(os.environ["AIRFLOW_HOME"]))  # metadata DB, task logs
+    home_files = _airflow_home_files(
+        Path(os.environ["AIRFLOW_HOME"]), tmp_path_factory.mktemp("home")
+    )
+    assert any(name.endswith("airflow.db") for name in home_files), sorted(home_files)
+    artifacts |= home_files
     artifacts["captured output"] = "".join(capfd.readouterr()).encode()
     artifacts["xcom"] = all_xcom_text().encode()
     artifacts |= {f"GET {url}": r.content for url, r in responses.items()}
