@@ -408,3 +408,31 @@ def test_probe_of_a_server_that_closes_every_connection_ends_within_seconds() ->
     assert 2 < elapsed < 10, elapsed  # retried for a few seconds, never for long
     assert len(accepted) > 1
     assert endpoint in str(caught.value)
+
+
+def test_local_compare_and_swap_counts_exactly_with_one_lock_file_per_folder(
+    tmp_path: Path,
+) -> None:
+    """Each thread opens the lock itself, as another process would: flock serializes them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = LocalStore(tmp_path)
+
+    def add_one(_: int) -> None:
+        while True:
+            value, tag = store.read_versioned("c/counter.json")
+            count = 0 if value is None else value["n"]
+            if store.write_if("c/counter.json", {"n": count + 1}, tag) is not None:
+                return
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(add_one, range(200)))
+    assert store.read_json("c/counter.json") == {"n": 200}
+    for seq in range(30):  # an object per checkpoint, each swapped and deleted
+        tag = store.write_if(f"c/{seq:02d}.json", {"seq": seq}, None)
+        assert tag is not None and store.delete_if(f"c/{seq:02d}.json", tag)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        ".streamkeeper.lock",
+        "counter.json",
+    ]
+    assert store.list("c") == ["c/counter.json"]

@@ -162,8 +162,11 @@ class LocalStore(ObjectStore):
 
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
+        """The folder's lock: one file per folder, not one per object (a lineage writes
+        an object per checkpoint, and a lock file can never be deleted safely: a process
+        waiting on it would lock a file no one else sees)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        with open(path.parent / FOLDER_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
@@ -374,12 +377,14 @@ def _error_code(error: Exception) -> str:
 
 
 _INTERNAL = re.compile(r"^\..+\.(?:tmp|lock)$")
+FOLDER_LOCK = ".streamkeeper.lock"  # a local store's compare-and-swap lock, per folder
 
 
 def _internal(name: str) -> bool:
     """A local store's own file: a write in progress (`.name.uuid.tmp`) or a lock
-    (`.name.lock`). Other names starting with a dot are keys like any other (Spark's
-    `.1.delta.crc` in a self-contained savepoint), as they are on S3."""
+    (`FOLDER_LOCK`; `.name.lock` from earlier versions). Other names starting with a dot
+    are keys like any other (Spark's `.1.delta.crc` in a self-contained savepoint), as
+    they are on S3."""
     return _INTERNAL.match(name) is not None
 
 
