@@ -22,7 +22,11 @@ def read_table_rows(
 def read_as_of_checkpoint(
     store_root: Location, lineage: str, seq: int | None = None
 ) -> dict[str, Any] | None:
-    """The commit marker for `seq` (the latest if None): batch id and each table's version."""
+    """The commit marker for `seq` (the latest if None): batch id and each table's version.
+
+    None if there is none: markers older than `maintenance.history_retention`, beyond the
+    newest 1 000 and of no retained checkpoint or savepoint are retired (PROTOCOL.md).
+    """
     from streamkeeper.lineage.layout import LineageLayout
 
     layout = LineageLayout(store_root, lineage, job=lineage)

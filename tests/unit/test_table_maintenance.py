@@ -18,7 +18,7 @@ from streamkeeper.commit.maintenance import (
 )
 from streamkeeper.commit.tables import TableCommitter, TableTarget, ensure_table
 from streamkeeper.errors import FencedError
-from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.lineage.layout import LineageLayout, seq_of
 from streamkeeper.snapshots.index import CheckpointIndex, IndexEntry
 from streamkeeper.snapshots.savepoints import Registry, SavepointEntry
 from streamkeeper.storage import Location
@@ -127,7 +127,9 @@ class Lineage:
         registry = Registry(owner_epoch=1, savepoints=entries)
         self.store.write_json(self.layout.savepoint_registry, registry.to_json())
 
-    def maintenance(self, shared: bool = False, every: int = 50) -> TableMaintenance:
+    def maintenance(
+        self, shared: bool = False, every: int = 50, markers_kept: int = 1000
+    ) -> TableMaintenance:
         store, layout = self.store, self.layout
         return TableMaintenance(
             targets={"totals": self.target},
@@ -135,7 +137,7 @@ class Lineage:
             protected=ProtectedVersions(
                 store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
             ),
-            policy=MaintenancePolicy(every=every, history_retention=0),
+            policy=MaintenancePolicy(every=every, history_retention=0, markers_kept=markers_kept),
         )
 
 
@@ -154,6 +156,27 @@ def test_savepoints_and_retained_checkpoints_set_the_floor(
     assert min(log_versions(aged)) == 99
     assert rows_at(aged, 121) == 121  # the pinned checkpoint's version
     assert rows_at(aged, 161) == 161  # the savepoint's version
+
+
+def test_a_pass_retires_the_markers_nothing_protects_and_keeps_the_floor(
+    aged: TableTarget, tmp_path: Path
+) -> None:
+    lineage = Lineage(tmp_path / "root", aged)
+    lineage.markers(range(250))
+    lineage.index([246, 247, 248], pins={"sp-x": 120})
+    lineage.savepoints([160])
+    maintenance = lineage.maintenance(markers_kept=50)
+
+    reports = maintenance.after_commit({"totals": 300}, head_seq=249)
+
+    seqs = [seq_of(k) for k in lineage.store.list(lineage.layout.markers)]
+    assert seqs == [120, 160, *range(200, 250)]
+    assert [(r.floor, r.cut) for r in reports] == [(121, 99)]
+    # The next pass reads the floor from the protected markers, which stayed.
+    assert maintenance.protected.floors() == {"totals": 121}
+    assert ProtectedVersions(lineage.store, lineage.layout, seqs=lambda: [120, 160]).floors() == {
+        "totals": 121
+    }
 
 
 def test_without_protected_seqs_the_log_is_cut_at_the_head(

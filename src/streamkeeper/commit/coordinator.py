@@ -149,7 +149,7 @@ class CommitCoordinator:
         self._sweep_retried_tasks(manifest)
         if self.checkpoints is not None:
             self.checkpoints.after_commit(manifest)  # retention, off the visibility path
-        self._maintain(versions)
+        self._maintain(versions, manifest.seq)
         log.info(
             "batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions
         )
@@ -184,8 +184,9 @@ class CommitCoordinator:
             "input": _batch_input(manifest),
         }
 
-    def _maintain(self, versions: dict[str, int]) -> None:
-        """Table maintenance, off the visibility path; a failed pass is retried next time."""
+    def _maintain(self, versions: dict[str, int], seq: int) -> None:
+        """Table maintenance and marker retention, off the visibility path; a failed pass
+        is retried next time."""
         if self.maintenance is None:
             return
         try:
@@ -193,6 +194,7 @@ class CommitCoordinator:
                 versions,
                 guard=self.fence.check,
                 snapshot=lambda sink: self._committers[sink].snapshot(),
+                head_seq=seq,
             )
         except FencedError:
             raise

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from streamkeeper.commit import crashpoints
 from streamkeeper.commit.tables import TableTarget
 from streamkeeper.lineage.layout import LineageLayout
+from streamkeeper.lineage.markers import KEEP_LAST, retire_markers
 from streamkeeper.storage import ObjectStore
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class MaintenancePolicy:
 
     every: int = 100  # commits to a table between two passes
     history_retention: float = 3600.0  # seconds of history kept for readers outside
+    markers_kept: int = KEEP_LAST  # the newest commit markers, always kept
 
 
 @dataclass
@@ -197,8 +199,10 @@ class TableMaintenance:
         versions: dict[str, int],
         guard: Callable[[], None] | None = None,
         snapshot: Callable[[str], DeltaTable] | None = None,
+        head_seq: int | None = None,
     ) -> list[MaintenanceReport]:
-        """Maintain the tables that are due (called by the committer after a marker).
+        """Maintain the tables that are due (called by the committer after a marker), then
+        retire the markers nothing needs (with `head_seq`, the marker just written).
 
         Args:
             guard: raises FencedError if this runner no longer owns the lineage; called
@@ -218,7 +222,26 @@ class TableMaintenance:
             floor = None if floors is None else floors.get(sink, versions[sink])
             reports.append(self.maintain(sink, table, versions[sink], floor))
         self.reports.extend(reports)
+        if head_seq is not None:
+            self.retire_markers(head_seq, guard)
         return reports
+
+    def retire_markers(self, head_seq: int, guard: Callable[[], None] | None = None) -> list[int]:
+        """The lineage's markers nothing needs any more (lineage/markers.py), deleted."""
+        retired = retire_markers(
+            self.protected.store,
+            self.protected.layout,
+            head_seq=head_seq,
+            protected=self.protected.seqs(),
+            history_retention=self.policy.history_retention,
+            keep_last=self.policy.markers_kept,
+            guard=guard,
+        )
+        if retired:
+            log.info(
+                "retired %d commit markers (seqs %d..%d)", len(retired), retired[0], retired[-1]
+            )
+        return retired
 
     def maintain(
         self, sink: str, table: DeltaTable, version: int, floor: int | None

@@ -6,10 +6,23 @@ committed checkpoint) is the latest marker. Finding it never lists every marker 
 long-lived lineage: the caller gives a hint (a seq near the head: the highest seq a
 table holds, or the heartbeat's last seq) and only the keys after a point below it are
 listed, the point moving down geometrically until a marker is found.
+
+Markers are retired (`retire_markers`, on the table maintenance cadence), or a lineage's
+object count would grow by one per checkpoint forever. A marker is kept while any holds:
+- it is among the newest `KEEP_LAST` (the upgrade comparison reads back the newest
+  `MARKER_WINDOW`, a sensor the ones after a recent checkpoint);
+- a retained externalized checkpoint, a pinned checkpoint or a savepoint has its seq (its
+  versions are the tables' protected floor, and a rollback restores them);
+- it was committed less than `maintenance.history_retention` ago (a reader outside the
+  lineage reads the output as of a checkpoint while the tables keep its versions).
+Seqs therefore have gaps below the newest markers: nothing may probe them by contiguity.
 """
 
 from __future__ import annotations
 
+import bisect
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from streamkeeper.lineage.layout import LineageLayout, seq_of
@@ -45,3 +58,46 @@ def latest_marker(
 def marker_seqs_after(store: ObjectStore, layout: LineageLayout, seq: int) -> list[int]:
     """Seqs of the markers above `seq`."""
     return [seq_of(k) for k in store.list(layout.markers, start_after=layout.marker(seq))]
+
+
+KEEP_LAST = 1000  # newest markers always kept; above the upgrade comparison's window
+
+
+def retire_markers(
+    store: ObjectStore,
+    layout: LineageLayout,
+    *,
+    head_seq: int,
+    protected: Iterable[int],
+    history_retention: float,
+    keep_last: int = KEEP_LAST,
+    now: float | None = None,
+    guard: Callable[[], None] | None = None,
+) -> list[int]:
+    """Delete the markers nothing needs any more (module doc); returns their seqs.
+
+    Markers are committed in seq order, so the age boundary is found by bisection, reading
+    a few markers; a clock skew between two runners' hosts moves it by the skew.
+
+    Args:
+        guard: raises FencedError if this runner no longer owns the lineage; called
+            before anything is deleted.
+    """
+    keys = [k for k in store.list(layout.markers) if k.endswith(".json")]
+    older = [k for k in keys if seq_of(k) <= head_seq - keep_last]
+    oldest_kept = (time.time() if now is None else now) - history_retention
+    old_enough = bisect.bisect_right(
+        older, False, key=lambda k: _committed_at(store, k) > oldest_kept
+    )
+    keep = set(protected)
+    doomed = [k for k in older[:old_enough] if seq_of(k) not in keep]
+    if doomed:
+        if guard is not None:
+            guard()
+        store.delete(doomed)
+    return [seq_of(k) for k in doomed]
+
+
+def _committed_at(store: ObjectStore, key: str) -> float:
+    marker = store.read_json(key)
+    return 0.0 if marker is None else float(marker.get("committed_at") or 0.0)
