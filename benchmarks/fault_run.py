@@ -56,6 +56,7 @@ def short_profile(config: FaultRunConfig) -> None:
     config.upgrade_at = 0.0  # at once; the chaos goes on until the rollback is done
     config.rollback_at = 0.0  # as soon as the upgrade is promoted
     config.upgrade_attempts = 1  # no time for another: a rollback by probation counts
+    config.min_kills = 2  # the kills may not wait for the DAG runs to leave a job alone
     config.probation_seconds = 6
     config.monitor_every = 3
     config.report_every = 30.0

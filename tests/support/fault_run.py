@@ -81,6 +81,9 @@ class FaultRunConfig:
     workdir: Path | None = None
     kill_gap: tuple[float, float] = (10.0, 40.0)
     quiet_tail: float = 30.0  # no kill this close to the end: the last restarts finish
+    # The chaos goes on (within `overtime`) until this many kills were made: a short run's
+    # window can pass while both jobs are busy with DAG runs, which are not interrupted.
+    min_kills: int = 0
     overtime: float = 240.0  # the chaos goes on this long for an upgrade or rollback in flight
     monitor_every: int = 4
     savepoint_every: float = 240.0
@@ -796,10 +799,12 @@ class FaultRun:
         next_report = begin + c.report_every
         savepoint_turn = 0
         while time.monotonic() - begin < duration or (
-            self._lifecycle_pending() and time.monotonic() - begin < duration + c.overtime
+            (self._lifecycle_pending() or self.report.kills < c.min_kills)
+            and time.monotonic() - begin < duration + c.overtime
         ):
             now = time.monotonic()
-            if now >= next_kill and now - begin < duration - c.quiet_tail:
+            may_kill = now - begin < duration - c.quiet_tail or self.report.kills < c.min_kills
+            if now >= next_kill and may_kill:
                 next_kill = self._kill_one(now)
             for job, state in self.jobs.items():
                 if state.restart_pending:

@@ -36,6 +36,23 @@ class AirflowServices(Stoppable):
     def stop(self, grace: float = 20.0) -> None:
         for service in reversed(self.services):
             service.stop(grace)
+        _drop_pooled_connections()
+
+
+def _drop_pooled_connections() -> None:
+    """Close this process's pooled SQLite connections once the components are gone.
+
+    The last component to close the database checkpoints and deletes its WAL files; a
+    connection pooled here across that keeps the old shared-memory index mapped, and a
+    later query in this process (the next test's) read "database disk image is malformed"
+    in CI. Fresh connections map the new one.
+    """
+    settings = sys.modules.get("airflow.settings")
+    if settings is None:
+        return
+    for engine in (settings.engine, getattr(settings.async_engine, "sync_engine", None)):
+        if engine is not None:
+            engine.dispose()
 
 
 def airflow_env(extra: Mapping[str, str], port: int) -> dict[str, str]:
