@@ -251,7 +251,8 @@ class SavepointsSpec(_Strict):
 
 
 class MaintenanceSpec(_Strict):
-    """Delta table maintenance (commit/maintenance.py): checkpoints and log expiry.
+    """Delta table maintenance (commit/maintenance.py): checkpoints, log expiry, and the
+    retirement of commit markers nothing needs (lineage/markers.py).
 
     Versions the lineage may need (retained checkpoints, savepoints, the head) are always
     kept; `history_retention` keeps more history for readers outside the lineage.
@@ -259,6 +260,8 @@ class MaintenanceSpec(_Strict):
 
     every: Annotated[int, Field(ge=1)] = 100  # commits to a table between two passes
     history_retention: Duration = 3600.0
+    # The newest commit markers, always kept (the upgrade comparison reads back 200).
+    markers_kept: Annotated[int, Field(ge=200)] = 1000
 
 
 class StateBackendSpec(_Strict):

@@ -76,6 +76,13 @@ def test_bad_duration_in_spec_names_field_and_value(sample: dict[str, Any]) -> N
     assert "'10s'" in message  # the expected form
 
 
+def test_too_few_markers_kept_names_the_value_and_the_least(sample: dict[str, Any]) -> None:
+    sample["maintenance"] = {"markers_kept": 50}
+    message = spec_error(sample)
+    assert "maintenance.markers_kept" in message and "50" in message
+    assert "200" in message  # the least it may be: the upgrade comparison reads 200
+
+
 def test_unknown_field_is_a_typo(sample: dict[str, Any]) -> None:
     sample["checkpoint"]["intervall"] = "1s"
     message = spec_error(sample)

@@ -9,7 +9,7 @@ listed, the point moving down geometrically until a marker is found.
 
 Markers are retired (`retire_markers`, on the table maintenance cadence), or a lineage's
 object count would grow by one per checkpoint forever. A marker is kept while any holds:
-- it is among the newest `KEEP_LAST` (the upgrade comparison reads back the newest
+- it is among the newest `maintenance.markers_kept` (the upgrade comparison reads the newest
   `MARKER_WINDOW`, a sensor the ones after a recent checkpoint);
 - a retained externalized checkpoint, a pinned checkpoint or a savepoint has its seq (its
   versions are the tables' protected floor, and a rollback restores them);

@@ -509,7 +509,9 @@ class JobRunner:
             protected=ProtectedVersions(
                 store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
             ),
-            policy=MaintenancePolicy(settings.every, settings.history_retention),
+            policy=MaintenancePolicy(
+                settings.every, settings.history_retention, settings.markers_kept
+            ),
         )
 
     def _run_query(
