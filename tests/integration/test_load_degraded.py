@@ -36,8 +36,7 @@ class World:
     def __init__(self, tmp_path: Path) -> None:
         self.events = tmp_path / "events"
         self.root = tmp_path / "data"
-        # The seed touches every key: a fresh job whose state is still filling up reads
-        # as "state grew 3x" (the state-growth rule), which is not what this test is about.
+        # The seed touches every key, so the state is full from the first batch on.
         self.files = write_event_files(self.events, files=1, events_per_file=2000)
         self.client = StreamkeeperClient(str(self.root))
         self.readings: list[tuple[float, str, str]] = []

@@ -92,11 +92,11 @@ def _history(n: int, *, arriving: float, processing: float, state: list[int] | N
         ),
         (_beat(last_checkpoint_at=800.0, data_available=True), [], "DEGRADED", "no checkpoint"),
         (_beat(), _history(5, arriving=1000, processing=500), "DEGRADED", "falling behind"),
-        (
+        (  # a young job filling its keys is not degraded
             _beat(),
             _history(6, arriving=10, processing=10, state=[1, 2, 3, 4, 5, 9]),
-            "DEGRADED",
-            "state grew 9.0x",
+            "RUNNING",
+            "running, no checkpoint committed yet",
         ),
         (
             _beat(),
