@@ -27,6 +27,7 @@ from streamkeeper.errors import (
     CommandError,
     SavepointError,
     StreamkeeperError,
+    UnusableRootError,
 )
 from streamkeeper.spec import UID_PATTERN, JobSpec, load_spec
 
@@ -177,7 +178,7 @@ def run(
         )
         try:
             result = run_job(spec, options)
-        except (SavepointError, CheckpointRestoreError) as error:  # cannot restore as asked
+        except (SavepointError, CheckpointRestoreError, UnusableRootError) as error:  # as asked
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except StreamkeeperError as error:
@@ -285,6 +286,12 @@ def jobs(root: DataRootOpt = ".streamkeeper/data", as_json: JsonOpt = False) -> 
     from streamkeeper.observability.report import jobs_table, print_table
 
     client = _client(root)
+    if not client.location.is_s3 and not Path(client.root).is_dir():
+        typer.echo(
+            f"error: root {client.root!r} does not exist; give the spec's storage.root with --root",
+            err=True,
+        )
+        raise typer.Exit(EXIT_BAD_INPUT)
     reports = _read(lambda: [client.status(job) for job in client.jobs()])
     if as_json:
         _print_json({"root": client.root, "jobs": [r.to_json() for r in reports]})

@@ -15,6 +15,11 @@ class StorageError(StreamkeeperError):
     """Object storage is unreachable, refuses our credentials, or a path escapes its root."""
 
 
+class UnusableRootError(StorageError):
+    """The start's probe of the root failed: unreachable, credentials refused, no bucket,
+    not writable (bad input: the error names the fix)."""
+
+
 class CorruptObjectError(StreamkeeperError, ValueError):
     """A stored JSON object (a record, a registry, a manifest) is not valid JSON or not an
     object: it was damaged outside streamkeeper. A ValueError too, as json's own error."""

@@ -777,6 +777,13 @@ CASES: list[Case] = [
         ("'s3:///prefix'", "expected s3://bucket/prefix"),
     ),
     Case(
+        "jobs-under-a-missing-root",
+        CLI_ARGS,
+        cli("jobs", "--root", "{root}-typo"),
+        "exit 2",
+        ("-typo' does not exist", "storage.root"),
+    ),
+    Case(
         "root-that-is-a-file",
         CLI_ARGS,
         cli("status", JOB, "--root", "{root}/jobs/keyed-totals/job.json"),

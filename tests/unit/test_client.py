@@ -322,8 +322,12 @@ def test_cli_jobs_lists_every_job_with_its_status(root: Path) -> None:
         (JOB, 39),
         ("other-job", 1),
     ]
+    (root / "nothing-here").mkdir()
     empty = _cli("jobs", "--root", str(root / "nothing-here"))
     assert empty.exit_code == 0 and "no jobs under" in empty.stdout
+    missing = _cli("jobs", "--root", str(root / "no-such-root"))
+    assert missing.exit_code == 2, missing.output
+    assert "no-such-root' does not exist" in missing.stderr and "storage.root" in missing.stderr
 
 
 def test_cli_checkpoints_json_and_table(root: Path) -> None:

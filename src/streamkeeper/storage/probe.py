@@ -14,7 +14,7 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential
 
-from streamkeeper.errors import StorageError
+from streamkeeper.errors import UnusableRootError
 from streamkeeper.storage.location import Location
 from streamkeeper.storage.objects import LocalStore, S3Store
 
@@ -44,7 +44,7 @@ def probe(location: Location, *, retry_seconds: float = RETRY_SECONDS) -> None:
     are retried for `retry_seconds`; refused credentials and a missing bucket are not.
 
     Raises:
-        StorageError: naming the location, the cause and the fix.
+        UnusableRootError: naming the location, the cause and the fix.
     """
     try:
         if location.is_s3:
@@ -59,7 +59,7 @@ def probe(location: Location, *, retry_seconds: float = RETRY_SECONDS) -> None:
         else:
             _probe_local(location)
     except Exception as error:  # noqa: BLE001 - translated into an actionable message
-        raise StorageError(_explain_storage_failure(location, error)) from error
+        raise UnusableRootError(_explain_storage_failure(location, error)) from error
 
 
 def _probe_s3(store: S3Store) -> None:
