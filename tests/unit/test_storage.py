@@ -436,3 +436,17 @@ def test_local_compare_and_swap_counts_exactly_with_one_lock_file_per_folder(
         "counter.json",
     ]
     assert store.list("c") == ["c/counter.json"]
+
+
+@pytest.mark.parametrize("key", ["../outside.json", "jobs/../../etc/passwd", "/etc/passwd"])
+def test_a_local_key_never_reaches_outside_the_root(tmp_path: Path, key: str) -> None:
+    store = LocalStore(tmp_path / "root")
+    for touch in (
+        lambda: store.read_json(key),
+        lambda: store.write_json(key, {"x": 1}),
+        lambda: store.list(key),
+        lambda: store.delete([key]),
+    ):
+        with pytest.raises(StorageError, match="escapes the store's root"):
+            touch()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

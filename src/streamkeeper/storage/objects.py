@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamkeeper.errors import CorruptObjectError
+from streamkeeper.errors import CorruptObjectError, StorageError
 from streamkeeper.storage.location import Location, S3Settings
 
 
@@ -119,6 +119,12 @@ class LocalStore(ObjectStore):
         self.root = root
 
     def _path(self, key: str) -> Path:
+        # The backstop under every caller's own check: no key reaches outside the root.
+        if key.startswith("/") or ".." in key.split("/"):
+            raise StorageError(
+                f"key {key!r} escapes the store's root {str(self.root)!r}; keys are "
+                "relative paths without '..'"
+            )
         return self.root / key
 
     def read_json(self, key: str) -> dict[str, Any] | None:
