@@ -847,6 +847,13 @@ CASES: list[Case] = [
         ("--allow-rewind", "add --from-savepoint ID, or drop them"),
     ),
     Case(
+        "native-savepoint-into-another-state-backend",
+        CLI_ARGS,
+        run("--from-savepoint", "{native}", "--set", "state_backend.type=rocksdb"),
+        "exit 2",
+        ("'{native}' is native", "'hdfs'", "'rocksdb'", "--format canonical"),
+    ),
+    Case(
         "checkpoint-and-savepoint-together",
         CLI_ARGS,
         run("--from-checkpoint", "1", "--from-savepoint", "{native}"),

@@ -247,6 +247,16 @@ class JobRunner:
                 "operators, so --uid-mapping and --allow-non-restored-state do not apply; "
                 "drop them, or restore a canonical savepoint"
             )
+        backend = self.spec.state_backend.type
+        if native and plan.manifest.state_backend != backend:
+            # Spark keeps the provider its checkpoint names: the spec's would be ignored.
+            raise IncompatibleSavepointError(
+                f"savepoint {plan.manifest.id!r} is native, with state backend "
+                f"{plan.manifest.state_backend!r}; this spec's state_backend.type is "
+                f"{backend!r}, which Spark would silently ignore. Take a canonical savepoint "
+                f"(--format canonical) to move the state into {backend!r}, or keep "
+                f"state_backend.type: {plan.manifest.state_backend}"
+            )
         uids = sorted(op.uid for op in plan.manifest.operators)
         unknown = sorted(set(options.uid_mapping) - set(uids))
         if unknown:  # before Spark starts
