@@ -251,8 +251,9 @@ class SavepointsSpec(_Strict):
 
 
 class MaintenanceSpec(_Strict):
-    """Delta table maintenance (commit/maintenance.py): checkpoints, log expiry, and the
-    retirement of commit markers nothing needs (lineage/markers.py).
+    """Delta table maintenance (commit/maintenance.py): checkpoints, log expiry, the
+    retirement of commit markers nothing needs (lineage/markers.py), and the checkpoint
+    history's upkeep (observability/history_upkeep.py).
 
     Versions the lineage may need (retained checkpoints, savepoints, the head) are always
     kept; `history_retention` keeps more history for readers outside the lineage.
@@ -262,6 +263,8 @@ class MaintenanceSpec(_Strict):
     history_retention: Duration = 3600.0
     # The newest commit markers, always kept (the upgrade comparison reads back 200).
     markers_kept: Annotated[int, Field(ge=200)] = 1000
+    # Checkpoints the history table keeps (the page's longest chart shows 1 000).
+    history_checkpoints: Annotated[int, Field(ge=1000)] = 10000
 
 
 class StateBackendSpec(_Strict):

@@ -76,11 +76,16 @@ def test_bad_duration_in_spec_names_field_and_value(sample: dict[str, Any]) -> N
     assert "'10s'" in message  # the expected form
 
 
-def test_too_few_markers_kept_names_the_value_and_the_least(sample: dict[str, Any]) -> None:
-    sample["maintenance"] = {"markers_kept": 50}
+@pytest.mark.parametrize(
+    ("field", "least"),
+    [("markers_kept", "200"), ("history_checkpoints", "1000")],  # what the readers need
+)
+def test_too_little_kept_names_the_value_and_the_least(
+    sample: dict[str, Any], field: str, least: str
+) -> None:
+    sample["maintenance"] = {field: 50}
     message = spec_error(sample)
-    assert "maintenance.markers_kept" in message and "50" in message
-    assert "200" in message  # the least it may be: the upgrade comparison reads 200
+    assert f"maintenance.{field}" in message and "50" in message and least in message
 
 
 def test_unknown_field_is_a_typo(sample: dict[str, Any]) -> None:

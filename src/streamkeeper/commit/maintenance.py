@@ -36,7 +36,7 @@ from streamkeeper.commit import crashpoints
 from streamkeeper.commit.tables import TableTarget
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import KEEP_LAST, retire_markers
-from streamkeeper.storage import ObjectStore
+from streamkeeper.storage import Location, ObjectStore
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -128,7 +128,14 @@ def expire_log(
     Returns:
         The cut (None if no checkpoint qualifies) and the number of entries deleted.
     """
-    store = target.location.store()
+    return expire_log_at(target.location, floor, history_retention, now)
+
+
+def expire_log_at(
+    location: Location, floor: int, history_retention: float, now: float | None = None
+) -> tuple[int | None, int]:
+    """`expire_log` for the Delta table at `location`."""
+    store = location.store()
     keys = store.list(f"{LOG_FOLDER}/")
     checkpoints = sorted(
         {v for k in keys if _is_checkpoint(k) and (v := log_version(k)) is not None},
@@ -139,7 +146,7 @@ def expire_log(
     for version in checkpoints:
         if version > floor:
             continue
-        committed_at = _commit_time(target, version)
+        committed_at = _commit_time(location, version)
         if committed_at is not None and committed_at <= oldest_allowed:
             cut = version
             break
@@ -150,10 +157,10 @@ def expire_log(
     return cut, len(doomed)
 
 
-def _commit_time(target: TableTarget, version: int) -> float | None:
+def _commit_time(location: Location, version: int) -> float | None:
     """When `version` was committed (its commitInfo timestamp), in seconds."""
-    filesystem = target.location.arrow_filesystem()
-    path = f"{target.location.fs_path}/{LOG_FOLDER}/{version:0{_VERSION_DIGITS}d}.json"
+    filesystem = location.arrow_filesystem()
+    path = f"{location.fs_path}/{LOG_FOLDER}/{version:0{_VERSION_DIGITS}d}.json"
     try:
         with filesystem.open_input_stream(path) as stream:
             lines = stream.read().decode().splitlines()

@@ -236,6 +236,12 @@ class CheckpointHistory:
         log records for them) until enough rows are gathered: a long-lived lineage's
         history is never scanned whole for a status.
         """
+        try:
+            return self._read(last)
+        except OSError:  # a file an upkeep pass swept after this snapshot was taken
+            return self._read(last)
+
+    def _read(self, last: int | None) -> list[dict[str, Any]]:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 

@@ -546,6 +546,8 @@ class JobRunner:
             stop_requested=self._stop_requested,
             progress=self.options.progress,
             on_poll=None if commands is None else lambda: self._poll_commands(attempt),
+            history_kept=self.spec.maintenance.history_checkpoints,
+            history_every=self.spec.maintenance.every,
         )
         self._supervisor.watch_until_done()
 

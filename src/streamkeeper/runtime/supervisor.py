@@ -48,6 +48,8 @@ class QuerySupervisor:
         stop_requested: threading.Event,
         progress: ProgressListener | None = None,
         on_poll: Callable[[], None] | None = None,
+        history_kept: int | None = None,
+        history_every: int = 100,
     ) -> None:
         self.query = query
         self.on_poll = on_poll  # between batches: commands to the job (runtime/commands.py)
@@ -59,6 +61,9 @@ class QuerySupervisor:
         self.stop_requested = stop_requested
         self.data_available = False
         self._recorded: set[int] = set()
+        # Upkeep of the history table every `history_every` appends (history_upkeep.py).
+        self.history_kept, self.history_every = history_kept, history_every
+        self._appends = 0
         # A start sweeps what a predecessor's failed append left (observability/history.py).
         self._sweep_at: float | None = time.monotonic()
         self.progress = progress
@@ -171,7 +176,19 @@ class QuerySupervisor:
             self._recorded -= {r.batch_id for r in records}  # the next flush tries again
             if self._sweep_at is None:  # its data file may be left, unreferenced
                 self._sweep_at = time.monotonic() + HISTORY_SWEEP_SECONDS
+        else:
+            self._appends += 1 if records else 0
+            if records and self.history_kept and self._appends % self.history_every == 0:
+                self._upkeep_history(self.history_kept)
         self._sweep_history()
+
+    def _upkeep_history(self, kept: int) -> None:
+        from streamkeeper.observability.history_upkeep import upkeep
+
+        try:
+            upkeep(self.history, kept)
+        except Exception:  # noqa: BLE001 - made again at the next pass
+            log.warning("checkpoint history upkeep failed; trying at the next pass", exc_info=True)
 
     def _sweep_history(self) -> None:
         if self._sweep_at is None or time.monotonic() < self._sweep_at:
