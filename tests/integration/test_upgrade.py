@@ -131,6 +131,10 @@ def test_upgrade_hands_over_exactly_once_then_rolls_back(tmp_path: Path) -> None
         assert comparison.success, comparison.reason
         assert {s.sink for s in comparison.sinks} == {"totals", "changes"}
         assert all(s.green_rows > 0 for s in comparison.sinks)
+        # The changelog declared by its key: equal too, whether or not the cuts differ.
+        record = UpgradeRecords(client.store, JOB).read(upgrade_id)
+        keyed = compare_with_blue(client, record, keys, {"changes": ["key"]})
+        assert keyed.success, keyed.reason
 
         request_handover(client, JOB, upgrade_id)
         blue_result = blue.finish(timeout=240)

@@ -34,7 +34,7 @@ def test_sample_spec_loads() -> None:
     assert spec.transform == "transform.py:build"
     assert [(s.name, s.output, s.key) for s in spec.sinks] == [
         ("totals", "merge", ["key"]),
-        ("changes", "append", []),
+        ("changes", "append", ["key"]),  # a changelog, compared by key in upgrades
     ]
     assert spec.source.schema_ddl == "event_id BIGINT, key STRING, value BIGINT"
     assert spec.source.options == {"maxFilesPerTrigger": "1"}

@@ -7,16 +7,26 @@ whose input equals a blue marker's. Over [S0, that point]:
 
 - a merge sink (by key): every key green wrote holds the same row in blue's table (on
   the columns both versions write), and every key blue changed since S0 green wrote;
-- an append sink: the rows blue appended since S0 and the rows green appended are the
-  same multiset (on the common columns).
+- an append sink, when both cut the input into the same batches (their markers record
+  the same input positions in the same order): the rows blue appended since S0 and the
+  rows green appended are the same multiset (on the common columns);
+- an append sink with a key (`key:` on an append sink: a changelog, e.g. of an
+  update-mode aggregation, one row per key and batch), when the cuts differ: per key,
+  the row of the latest batch on each side is the same, and both sides wrote the same
+  keys. A changelog's rows depend on how the input was cut (one row per key per batch),
+  its latest row per key does not. The batch of a row is the commit seq of the folder
+  its file was pre-committed in (`sk-{lineage}/{seq}/`);
+- an append sink without a key whose cuts differ: the multiset, as above; a difference
+  is reported with the hint to declare the key if the sink is a changelog.
 
 Reads whole tables at two versions: meant for validation, not for a hot path.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -35,6 +45,8 @@ class SinkSide:
 
     table: str
     key: Sequence[str] | None  # None: append
+    # An append sink's key (a changelog): compared by its latest row per key across cuts.
+    changelog_key: Sequence[str] | None = None
 
 
 @dataclass
@@ -99,6 +111,7 @@ def compare_outputs(
             "same input",
         )
     blue_marker, green_marker = common
+    same_cut = _cut(blue_markers, since_seq, blue_marker) == _cut(green_markers, None, green_marker)
     shared = sorted(set(blue_sinks) & set(green_sinks))
     sinks = [
         _compare_sink(
@@ -109,6 +122,7 @@ def compare_outputs(
             blue_version=int(blue_marker["versions"][name]),
             since_version=since.get(name),
             green_version=int(green_marker["versions"][name]),
+            same_cut=same_cut,
         )
         for name in shared
     ]
@@ -138,6 +152,17 @@ def _recent_markers(store: Any, layout: LineageLayout, *, floor: int) -> list[di
     return [m for m in markers if m is not None]
 
 
+def _cut(
+    markers: list[dict[str, Any]], since_seq: int | None, last: dict[str, Any]
+) -> list[tuple[str | None, ...] | None] | None:
+    """The input positions of the batches up to `last`, in order; None if the window of
+    markers read does not reach back to the first batch after `since_seq` (unknown)."""
+    taken = [m for m in markers if int(m["seq"]) <= int(last["seq"])]
+    if since_seq is not None and (not taken or int(taken[0]["seq"]) != since_seq + 1):
+        return None
+    return [_input_key(m) for m in taken]
+
+
 def _input_key(marker: dict[str, Any]) -> tuple[str | None, ...] | None:
     position = marker.get("input")
     if not position or all(p is None for p in position):
@@ -154,14 +179,34 @@ def _compare_sink(
     blue_version: int,
     since_version: int | None,
     green_version: int,
+    same_cut: bool,
 ) -> SinkComparison:
+    changelog_key = green.changelog_key
+    if not same_cut and changelog_key and list(blue.changelog_key or []) == list(changelog_key):
+        return _compare_changelog(
+            root,
+            name,
+            list(changelog_key),
+            blue,
+            green,
+            blue_version=blue_version,
+            since_version=since_version,
+            green_version=green_version,
+        )
     blue_rows = _rows(root, blue.table, blue_version)
     green_rows = _rows(root, green.table, green_version)
     before = [] if since_version is None else _rows(root, blue.table, since_version)
     columns = _common_columns(blue_rows or before, green_rows)
     if blue.key and green.key and list(blue.key) == list(green.key):
         return _compare_merge(name, list(blue.key), columns, before, blue_rows, green_rows)
-    return _compare_append(name, columns, before, blue_rows, green_rows)
+    comparison = _compare_append(name, columns, before, blue_rows, green_rows)
+    if comparison.differences and not same_cut:
+        comparison.examples.append(
+            "blue and green cut the input into different batches: if this sink is a "
+            "changelog (one row per key and batch, e.g. of an update-mode aggregation), "
+            "declare its key on the sink (key: [...]) so its latest row per key is compared"
+        )
+    return comparison
 
 
 def _rows(root: Location, table: str, version: int) -> list[dict[str, Any]]:
@@ -222,3 +267,91 @@ def _compare_append(
     return SinkComparison(
         name, "append", columns, sum(added.values()), sum(produced.values()), differences, examples
     )
+
+
+_SEQ_FOLDER = re.compile(r"(?:^|/)(sk-[^/]+/(\d+)/[^/]+)$")  # a pre-committed file
+
+
+def _compare_changelog(
+    root: Location,
+    name: str,
+    key: list[str],
+    blue: SinkSide,
+    green: SinkSide,
+    *,
+    blue_version: int,
+    since_version: int | None,
+    green_version: int,
+) -> SinkComparison:
+    """Per key, the row of each side's latest batch (module doc)."""
+    blue_batches = _rows_by_batch(root, blue.table, blue_version, since_version)
+    green_batches = _rows_by_batch(root, green.table, green_version, None)
+    if blue_batches is None or green_batches is None:
+        return SinkComparison(
+            name, "changelog", [], 0, 0, 1,
+            ["a file of this sink is not in a commit-seq folder (sk-{lineage}/{seq}/): "
+             "the order of its rows is unknown"],
+        )  # fmt: skip
+    blue_rows = [r for _, rows in blue_batches for r in rows]
+    green_rows = [r for _, rows in green_batches for r in rows]
+    columns = _common_columns(blue_rows, green_rows)
+    blue_latest, blue_twice = _latest_per_key(blue_batches, key, columns)
+    green_latest, green_twice = _latest_per_key(green_batches, key, columns)
+    examples = [f"key {k} has two rows in one batch of blue" for k in blue_twice[:EXAMPLES]]
+    examples += [f"key {k} has two rows in one batch of green" for k in green_twice[:EXAMPLES]]
+    differences = len(blue_twice) + len(green_twice)
+    for k in sorted(set(blue_latest) | set(green_latest), key=repr):
+        if blue_latest.get(k) != green_latest.get(k):
+            differences += 1
+            if len(examples) < 2 * EXAMPLES:
+                examples.append(
+                    f"key {k}: blue's latest {blue_latest.get(k)}, green's {green_latest.get(k)}"
+                )
+    return SinkComparison(
+        name, "changelog", columns, len(blue_rows), len(green_rows), differences, examples
+    )
+
+
+def _rows_by_batch(
+    root: Location, table: str, version: int, since_version: int | None
+) -> list[tuple[int, list[dict[str, Any]]]] | None:
+    """The rows of the files added after `since_version` up to `version`, per batch (the
+    commit seq of their folder), in commit order; None if a file is in no seq folder."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    options = Location(table, root.s3).storage_options()
+    before: set[str] = set()
+    if since_version is not None:
+        then = DeltaTable(table, version=since_version, storage_options=options)
+        before = set(pa.table(then.get_add_actions()).column("path").to_pylist())
+    dataset = DeltaTable(table, version=version, storage_options=options).to_pyarrow_dataset()
+    batches: dict[int, list[dict[str, Any]]] = {}
+    for fragment in dataset.get_fragments():
+        found = _SEQ_FOLDER.search(fragment.path)
+        if found is not None and found.group(1) in before:
+            continue
+        if found is None:
+            if any(fragment.path.endswith("/" + old) for old in before):
+                continue  # older than S0: not compared
+            return None
+        rows = fragment.to_table(use_threads=False).to_pylist()
+        batches.setdefault(int(found.group(2)), []).extend(rows)
+    return sorted(batches.items())
+
+
+def _latest_per_key(
+    batches: Iterable[tuple[int, list[dict[str, Any]]]], key: list[str], columns: list[str]
+) -> tuple[dict[tuple, tuple], list[tuple]]:
+    """Each key's row from its latest batch, and the keys a batch holds twice."""
+    latest: dict[tuple, tuple] = {}
+    twice: list[tuple] = []
+    for _, rows in batches:
+        seen: set[tuple] = set()
+        for row in rows:
+            k = tuple(row.get(c) for c in key)
+            if k in seen:
+                twice.append(k)
+            seen.add(k)
+            latest[k] = tuple(row.get(c) for c in columns)
+    return latest, twice

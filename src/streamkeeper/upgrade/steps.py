@@ -134,22 +134,33 @@ def compare_with_blue(
     client: StreamkeeperClient,
     record: UpgradeRecord,
     green_keys: dict[str, list[str] | None],
+    changelog_keys: dict[str, list[str]] | None = None,
 ) -> Comparison:
     """Green's shadow output against blue's live output over the same input (compare.py).
 
     Args:
         green_keys: green's sinks and their merge keys (None: append).
+        changelog_keys: green's append sinks that declare a key (changelogs), by name.
     """
+    changelog_keys = changelog_keys or {}
     blue_record = client.job_record(record.job)
     manifest = savepoint_manifest(client, record.lineage, record.blue["savepoint"])
     shadow = record.green["shadow_job"]
     green_sinks = {
-        name: SinkSide(client.location.child(shadow_table(record.job, record.id, name)).uri, key)
+        name: SinkSide(
+            client.location.child(shadow_table(record.job, record.id, name)).uri,
+            key,
+            changelog_keys.get(name),
+        )
         for name, key in green_keys.items()
     }
     # Blue's record names each table's output, not its key: a merge is compared by green's.
     blue_sinks = {
-        name: SinkSide(t.table, green_keys.get(name) if t.output == "merge" else None)
+        name: SinkSide(
+            t.table,
+            green_keys.get(name) if t.output == "merge" else None,
+            changelog_keys.get(name) if t.output == "append" else None,
+        )
         for name, t in blue_record.tables.items()
     }
     return compare_outputs(

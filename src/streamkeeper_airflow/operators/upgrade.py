@@ -288,10 +288,11 @@ class ValidateUpgradeOperator(_UpgradeTask):
 
         spec = load_spec(record.green["spec_path"])
         keys = {s.name: (list(s.key) if s.output == "merge" else None) for s in spec.sinks}
+        changelogs = {s.name: list(s.key) for s in spec.sinks if s.output == "append" and s.key}
         deadline = time.monotonic() + float(self.validation_timeout)
         with self.hook._hidden():
             while True:
-                comparison = compare_with_blue(self.hook.client, record, keys)
+                comparison = compare_with_blue(self.hook.client, record, keys, changelogs)
                 if comparison.position is not None or time.monotonic() > deadline:
                     break
                 self.log.info("%s", comparison.reason)
