@@ -6,6 +6,8 @@ import json
 import threading
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from streamkeeper.observability.history import CheckpointHistory, record_from_progress
 from streamkeeper.observability.history_tail import HistoryTail
 from streamkeeper.observability.history_upkeep import upkeep
@@ -52,6 +54,10 @@ def test_a_pass_keeps_the_newest_checkpoints_in_a_few_files(tmp_path: Path) -> N
     upkeep(history, kept=50, min_age=0)
     assert len(list(folder.glob("*.parquet"))) == 1
     assert _ids(history.read()) == list(range(110, 160))
+    # The checkpoint carries no remove older than the retention (here 0 s): it stays small.
+    (checkpoint,) = (folder / "_delta_log").glob("*.checkpoint.parquet")
+    removes = pq.read_table(checkpoint).column("remove").to_pylist()
+    assert not any(removes)
 
 
 def test_fewer_checkpoints_than_kept_lose_no_row(tmp_path: Path) -> None:

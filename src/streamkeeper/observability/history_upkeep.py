@@ -11,7 +11,10 @@ nobody keeps grows by thousands of objects an hour (benchmarks/README.md: soak).
    (the page's longest chart covers 1 000);
 3. compact the small files into one (delta-rs optimize);
 4. write a Delta checkpoint and expire the log below the newest checkpoint older than
-   `UNREFERENCED_MIN_AGE`.
+   `UNREFERENCED_MIN_AGE`. The table's `delta.deletedFileRetentionDuration` is set to the
+   same age: a checkpoint carries the remove actions (tombstones) younger than it, and
+   with Delta's default (a week) every compaction's removes would ride in every
+   checkpoint for a week, growing it to megabytes a reader loads on every status.
 
 So the table holds a compacted file, the files appended since the last pass and those it
 removed, and a few minutes of log. The tail reader (history_tail.py) reads only plain
@@ -30,6 +33,8 @@ from streamkeeper.commit.maintenance import expire_log_at
 from streamkeeper.observability.history import UNREFERENCED_MIN_AGE, CheckpointHistory
 
 log = logging.getLogger(__name__)
+
+TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
 
 
 @dataclass
@@ -70,6 +75,9 @@ def upkeep(
         report.rows_deleted = int(deleted.get("num_deleted_rows", 0))
     compacted = table.optimize.compact()
     report.files_compacted = int(compacted.get("numFilesRemoved", 0))
+    retention = f"interval {int(age)} seconds"
+    if table.metadata().configuration.get(TOMBSTONE_RETENTION) != retention:
+        table.alter.set_table_properties({TOMBSTONE_RETENTION: retention})
     table.create_checkpoint()
     _, report.log_entries_deleted = expire_log_at(location, table.version(), age, now)
     report.seconds = time.monotonic() - began
