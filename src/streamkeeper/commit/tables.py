@@ -18,6 +18,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from streamkeeper.commit.merge_rows import last_row_per_key
 from streamkeeper.errors import FencedError, SchemaMismatchError, SpecError, StreamkeeperError
 from streamkeeper.storage import Location
+from streamkeeper.storage.parquet import open_parquet_whole
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -360,20 +361,16 @@ def read_staged_files(
 ) -> pa.Table:
     """Staged merge files (absolute paths on `like`'s file system) as one table.
 
-    Each file is read whole, in one GET, then parsed: a ranged read of a small column
-    chunk (a few keys) fails at once, unretried, when S3 answers it with an error (a 503
-    SlowDown): the AWS SDK writes the error's body into the range's preallocated buffer,
-    which it does not fit ("Failed to flush response stream"), and that failed the batch.
-    A plain GET is retried like any other request. Staged files are one batch's rows.
+    Each file is read whole, in one GET (storage/parquet.py: a ranged read that S3
+    answers with an error fails unretried, and failed batches). Staged files are one
+    batch's rows.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     filesystem = like.arrow_filesystem()
     tables = []
     for data_file in files:
         path = data_file.path.removeprefix("s3://") if like.is_s3 else data_file.path
-        with filesystem.open_input_stream(path) as stream:
-            body = pa.BufferReader(stream.read())
-        tables.append(pq.read_table(body, columns=columns, use_threads=False))
+        file = open_parquet_whole(filesystem, path)
+        tables.append(file.read(columns=columns, use_threads=False))
     return pa.concat_tables(tables)

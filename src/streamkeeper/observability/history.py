@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from streamkeeper.storage.parquet import open_parquet_whole
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -276,8 +278,6 @@ class CheckpointHistory:
         return sorted(zip(times, paths, strict=True), reverse=True)
 
     def _read_file(self, path: str) -> list[dict[str, Any]]:
-        import pyarrow.parquet as pq
-
         full = f"{self.location.fs_path}/{path}"
-        table = pq.read_table(full, filesystem=self.location.arrow_filesystem())
-        return table.to_pylist()
+        file = open_parquet_whole(self.location.arrow_filesystem(), full)
+        return file.read(use_threads=False).to_pylist()

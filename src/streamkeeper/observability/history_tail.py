@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from streamkeeper.observability.history import CheckpointHistory, normalize
+from streamkeeper.storage.parquet import open_parquet_whole
 
 if TYPE_CHECKING:
     from streamkeeper.storage import Location, ObjectStore
@@ -110,10 +111,8 @@ class HistoryTail:
         return self.location.arrow_filesystem().open_input_stream(path)
 
     def _read_file(self, path: str) -> list[dict[str, Any]]:
-        import pyarrow.parquet as pq
-
         # One small file: read it as a file (no dataset discovery) on this thread (no
         # thread pool hand-offs); both cost more than the rows for a file this size.
         full = f"{self.location.fs_path}/{path}"
-        with self.location.arrow_filesystem().open_input_file(full) as handle:
-            return pq.ParquetFile(handle).read(use_threads=False).to_pylist()
+        file = open_parquet_whole(self.location.arrow_filesystem(), full)
+        return file.read(use_threads=False).to_pylist()

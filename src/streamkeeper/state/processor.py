@@ -52,6 +52,7 @@ from streamkeeper.state.format import (
 )
 from streamkeeper.state.schema import reshape, with_canonical_names
 from streamkeeper.storage import Location
+from streamkeeper.storage.parquet import open_parquet_whole
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -138,20 +139,19 @@ class _TableReader:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         filesystem = self.location.arrow_filesystem()
         for batch in batches:
             for path in batch.column("path").to_pylist():
-                with filesystem.open_input_file(path) as handle:
-                    for rows in pq.ParquetFile(handle).iter_batches(batch_size=READ_BATCH_ROWS):
-                        yield pa.RecordBatch.from_arrays(
-                            [
-                                reshape(rows.column(name), kind, canonical=False)
-                                for name, kind in self.columns.items()
-                            ],
-                            names=list(self.columns),
-                        )
+                reader = open_parquet_whole(filesystem, path)  # retried on S3 errors
+                for rows in reader.iter_batches(batch_size=READ_BATCH_ROWS):
+                    yield pa.RecordBatch.from_arrays(
+                        [
+                            reshape(rows.column(name), kind, canonical=False)
+                            for name, kind in self.columns.items()
+                        ],
+                        names=list(self.columns),
+                    )
 
 
 _RESTORING: ContextVar[Location | None] = ContextVar("streamkeeper_restoring", default=None)

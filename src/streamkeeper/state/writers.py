@@ -31,6 +31,7 @@ import numpy as np
 from streamkeeper.state.schema import ValuePlan, arrow_type, reshape
 from streamkeeper.state.unsafe_row import encode_struct
 from streamkeeper.storage import Location
+from streamkeeper.storage.parquet import open_parquet_whole
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -86,15 +87,12 @@ class _RowConverter:
         self.partition_key = partition_key
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
         filesystem = self.location.arrow_filesystem()
         for batch in batches:
             for path in batch.column("path").to_pylist():
-                with filesystem.open_input_file(path) as handle:
-                    reader = pq.ParquetFile(handle)
-                    for rows in reader.iter_batches(batch_size=READ_BATCH_ROWS):
-                        yield self.encode(rows)
+                reader = open_parquet_whole(filesystem, path)  # retried on S3 errors
+                for rows in reader.iter_batches(batch_size=READ_BATCH_ROWS):
+                    yield self.encode(rows)
 
     def encode(self, rows: pa.RecordBatch) -> pa.RecordBatch:
         import pyarrow as pa
