@@ -89,27 +89,45 @@ class _Coordinator:
         return {"commit_seq": batch}
 
 
-def test_the_supervisor_keeps_the_history_every_so_many_appends(tmp_path: Path) -> None:
-    history = CheckpointHistory(Location(str(tmp_path)).child(PREFIX))
-    query = _Query()
-    supervisor = QuerySupervisor(
+def _supervisor(history: CheckpointHistory, query: _Query, kept: int | None, every: int):
+    return QuerySupervisor(
         query=query,  # type: ignore[arg-type]
         coordinator=_Coordinator(),  # type: ignore[arg-type]
         health=None,  # type: ignore[arg-type]
         history=history,
         timeout=60.0,
         stop_requested=threading.Event(),
-        history_kept=5,
-        history_every=4,
+        history_kept=kept,
+        history_every=every,
     )
-    for batch in range(12):  # one checkpoint per flush, a pass after the 4th, 8th and 12th
+
+
+def test_the_supervisor_keeps_the_history_every_so_many_appends(tmp_path: Path) -> None:
+    history = CheckpointHistory(Location(str(tmp_path)).child(PREFIX))
+    query = _Query()
+    supervisor = _supervisor(history, query, kept=5, every=4)
+    for batch in range(12):  # one checkpoint per flush, a pass after the 1st, 5th and 9th
         query.recentProgress.append(_Progress(batch))
         supervisor._flush_history()
         supervisor._flush_history()  # nothing new: no append, so it counts for nothing
 
-    assert _ids(history.read()) == list(range(7, 12))  # the 12th's pass kept the newest 5
+    assert _ids(history.read()) == list(range(4, 12))  # the 9th's pass kept 4..8, then 3 more
     supervisor.history_kept = None  # no upkeep: rows are only added
     for batch in range(12, 20):
         query.recentProgress.append(_Progress(batch))
         supervisor._flush_history()
-    assert _ids(history.read()) == list(range(7, 20))
+    assert _ids(history.read()) == list(range(4, 20))
+
+
+def test_a_restarted_supervisor_keeps_the_history_at_its_first_append(tmp_path: Path) -> None:
+    """A job killed every few batches never reaches `every` appends in one life."""
+    history = CheckpointHistory(Location(str(tmp_path)).child(PREFIX))
+    query = _Query()
+    before = _supervisor(history, query, kept=None, every=100)  # a life that kept nothing
+    for batch in range(12):
+        query.recentProgress.append(_Progress(batch))
+        before._flush_history()
+    after = _supervisor(history, _Query(), kept=5, every=100)  # the next start
+    after.query.recentProgress.append(_Progress(12))
+    after._flush_history()
+    assert _ids(history.read()) == list(range(8, 13))

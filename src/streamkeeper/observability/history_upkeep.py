@@ -1,8 +1,9 @@
 """Checkpoint history upkeep: the table holds the checkpoints it keeps, in a few files.
 
 The runner appends one small file and one log entry per flush (2 s), so a history
-nobody keeps grows by thousands of objects an hour (benchmarks/README.md: soak). Every
-`maintenance.every` appends the runner makes a pass (`upkeep`):
+nobody keeps grows by thousands of objects an hour (benchmarks/README.md: soak). At the
+first append after a start (a job killed every few batches still keeps its history) and
+every `maintenance.every` appends after it, the runner makes a pass (`upkeep`):
 
 1. sweep the files no version references any more, once `UNREFERENCED_MIN_AGE` old: what
    the previous pass compacted away (a pass apart: a reader holding the version before

@@ -61,7 +61,9 @@ class QuerySupervisor:
         self.stop_requested = stop_requested
         self.data_available = False
         self._recorded: set[int] = set()
-        # Upkeep of the history table every `history_every` appends (history_upkeep.py).
+        # Upkeep of the history table at the first append after a start and every
+        # `history_every` appends after it (history_upkeep.py): a job killed sooner than
+        # that many appends after each start still has its history kept.
         self.history_kept, self.history_every = history_kept, history_every
         self._appends = 0
         # A start sweeps what a predecessor's failed append left (observability/history.py).
@@ -178,7 +180,7 @@ class QuerySupervisor:
                 self._sweep_at = time.monotonic() + HISTORY_SWEEP_SECONDS
         else:
             self._appends += 1 if records else 0
-            if records and self.history_kept and self._appends % self.history_every == 0:
+            if records and self.history_kept and (self._appends - 1) % self.history_every == 0:
                 self._upkeep_history(self.history_kept)
         self._sweep_history()
 
