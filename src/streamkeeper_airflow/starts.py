@@ -104,6 +104,32 @@ def runner_live(report: StatusReport | None) -> bool:
     )
 
 
+def driver_gone(
+    report: StatusReport | None, record: LaunchRecord | None, token: str, host: str
+) -> str | None:
+    """Why the driver of run `token` is known to have ended, or None if it may be alive.
+
+    Its heartbeat tells once it beats as the job (ended, or lost). Before that, e.g. while
+    it restores a savepoint (a restore takes no epoch and writes no heartbeat), only its
+    process can: known on the host that launched it (`record`, the launch of `token`);
+    launched elsewhere, nothing is known yet.
+    """
+    runner = None if report is None else report.runner
+    if runner is not None and runner.run_token == token:
+        if runner_live(report):
+            return None
+        assert report is not None
+        return f"its heartbeat says {runner.state} (job {report.state})"
+    if record is None or record.token != token:
+        return None
+    if record.state == "failed":
+        return f"its launch failed: {record.error}"
+    if record.host == host and record.pid is not None:
+        if not process_alive(record.pid, record.process_started_at):
+            return f"its process (pid {record.pid} on {host}) exited before it beat as the job"
+    return None
+
+
 def launch_pending(
     record: LaunchRecord | None, report: StatusReport | None, now: float, host: str
 ) -> bool:

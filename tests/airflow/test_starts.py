@@ -27,6 +27,7 @@ from streamkeeper_airflow.restarts import (
 )
 from streamkeeper_airflow.starts import (
     LaunchRecord,
+    driver_gone,
     latest_launch,
     plan_start,
     run_token_for,
@@ -244,6 +245,32 @@ def test_a_launch_pending_on_another_host_counts_until_its_grace_ends() -> None:
     assert plan_start(token="af-2", record=record, now=time.time(), **args).action == "attach"
     late = plan_start(token="af-2", record=record, now=time.time() + 3600, **args)
     assert late.action == "launch"
+
+
+def test_a_driver_is_known_gone_by_its_heartbeat_or_else_by_its_process_on_this_host(
+    tmp_path: Path, launcher: Sleeper
+) -> None:
+    """The handover's check on green (operators/upgrade.py): gone only when known gone."""
+    store, host = LocalStore(tmp_path), socket.gethostname()
+    start_job(
+        store=store, status=lambda job: None, request=request("af-green"), launcher=launcher,
+        start_from="resume",
+    )  # fmt: skip
+    launch = latest_launch(store, JOB)
+    blue_stopped = report("STOPPED", "STOPPED", token="af-blue")
+    # Restoring its savepoint: no heartbeat of its own yet, and its process lives.
+    assert driver_gone(blue_stopped, launch, "af-green", host) is None
+    assert driver_gone(report(token="af-green"), launch, "af-green", host) is None  # beating
+    lost = driver_gone(report("FAILED", "RUNNING", token="af-green"), launch, "af-green", host)
+    assert lost is not None and "RUNNING (job FAILED)" in lost  # a heartbeat lost
+    ended = driver_gone(report("FAILED", "FAILED", token="af-green"), None, "af-green", host)
+    assert ended is not None and "FAILED" in ended
+    launcher.kill_all()  # it died before it beat as the job
+    gone = driver_gone(blue_stopped, launch, "af-green", host)
+    assert launch is not None and gone is not None and f"pid {launch.pid}" in gone
+    # Launched elsewhere, or another run's launch: nothing known, the timeout decides.
+    assert driver_gone(blue_stopped, launch, "af-green", "other-host") is None
+    assert driver_gone(blue_stopped, launch, "af-other", host) is None
 
 
 # -- restart back-off ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ rollback DAG returns the job to an earlier savepoint."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -205,6 +206,45 @@ def test_a_green_failing_probation_is_rolled_back_exactly_once(
         status = place.client().status(JOB)
         assert status.runner.epoch > record.rollback["epoch"]
         assert launch_record(place.root, JOB)["request"]["spec_path"] == record.blue["spec_path"]
+        _drain_and_check(place, feeder)
+    finally:
+        feeder.stop()
+        _stop_shadows(place)
+
+
+def test_a_green_dying_at_the_handover_is_rolled_back_at_once(
+    place: JobPlace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blue stopped with its savepoint S1, green dies restoring it (SIGKILL at its second
+    restore; the first was the shadow run's): the handover fails at once, not after its
+    600 s timeout, and the rollback task restarts blue from S1, exactly once."""
+    feeder = Feeder(place)
+    feeder.start()
+    try:
+        _start_blue(place)
+        # The drivers started from here on kill themselves at their 2nd restore's rename:
+        # only green restores twice (S0 for the shadow run, S1 to go live).
+        monkeypatch.setenv("STREAMKEEPER_INJECT", "tests.support.faults")
+        monkeypatch.setenv("STREAMKEEPER_CRASH_AT", "restore_savepoint_after_rename:2")
+        paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+        run = run_dag(f"{JOB}.upgrade", green_spec_path=str(V2_SPEC), **FAST)
+        assert run.state == "failed"
+        states = {t: s for t, (s, _) in run.tasks.items()}
+        assert states["handover"] == "failed" and states["probation"] == "upstream_failed"
+        assert states["rollback"] == "success" and states["outcome"] == "failed", states
+        (record,) = _upgrades(place)
+        assert record.phase == "rolled_back", record.reason
+        assert "green died during the handover" in record.probation["reason"]
+        assert "exited before it beat as the job" in record.probation["reason"]
+        assert record.rollback["savepoint"] == record.handover["blue_savepoint"]
+        status = place.client().status(JOB)
+        assert (
+            status.state in ("RUNNING", "DEGRADED")
+            and status.runner.epoch > record.rollback["epoch"]
+        )
+        assert launch_record(place.root, JOB)["request"]["spec_path"] == record.blue["spec_path"]
+        monkeypatch.delenv("STREAMKEEPER_CRASH_AT")
         _drain_and_check(place, feeder)
     finally:
         feeder.stop()

@@ -8,19 +8,22 @@ that runs after another failed, never repeats or reverses a step:
     begin >> start_green >> validate >> handover >> probation >> rollback >> outcome
 
 `rollback` and `outcome` run whatever happened before (trigger rule all_done):
-`rollback` acts only when green went live and failed its probation; `outcome` fails
+`rollback` acts only when green went live and failed its probation (or died during the
+handover, before its first live batch: the handover task records that as a failed
+probation); `outcome` fails
 the run unless the upgrade was promoted, with the reason (rejected, rolled back).
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from streamkeeper_airflow.launchers.base import LaunchRequest
 
 EXPECTATIONS_FILE = "expectations.yaml"
+DEATH_CHECK_SECONDS = 2.0  # how often the handover looks whether green's driver still lives
 
 
 def _token(context: Context) -> str:
@@ -364,6 +368,11 @@ class HandoverOperator(_UpgradeTask):
     savepoint, the table versions at it, and the gap between blue's last live commit and
     green's first. The job's launch record becomes green's, so a restart (monitor DAG)
     launches the new version.
+
+    Green known dead after blue stopped and before its first live batch (its heartbeat
+    ended or was lost, or its process exited on this host: `starts.driver_gone`) fails
+    the task at once with a failed probation in the record, so the rollback task returns
+    the job to blue's stop savepoint instead of leaving it down until the timeout.
     """
 
     template_fields: Sequence[str] = (*_UpgradeTask.template_fields, "handover_timeout")
@@ -384,6 +393,7 @@ class HandoverOperator(_UpgradeTask):
         if record is None:
             raise AirflowFailException("no upgrade to hand over (the begin task failed)")
         deadline = time.monotonic() + float(self.handover_timeout)
+        next_check = time.monotonic()
         with self.hook._hidden():
             client = self.hook.client
             request_handover(client, self.job, record.id)
@@ -395,6 +405,11 @@ class HandoverOperator(_UpgradeTask):
                 gap = handover_gap(client, record) if record.phase in ("live", "promoted") else None
                 if gap is not None:
                     break
+                if record.phase == "live" and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + DEATH_CHECK_SECONDS
+                    gone = self._green_gone(record)
+                    if gone is not None:
+                        self._green_died(records, record, gone)
                 if time.monotonic() > deadline:
                     raise AirflowFailException(
                         f"upgrade {record.id!r} is {record.phase} after "
@@ -418,6 +433,29 @@ class HandoverOperator(_UpgradeTask):
             "blue_last_commit_at": gap.blue_last_commit_at,
             "green_first_commit_at": gap.green_first_commit_at,
         }
+
+    def _green_gone(self, record: UpgradeRecord) -> str | None:
+        """Why green's driver is known to have ended before its first live batch, or None."""
+        from streamkeeper_airflow.starts import driver_gone, latest_launch
+
+        token = record.green.get("run_token")
+        if not token:
+            return None
+        report = self.hook.status(self.job, missing_ok=True)
+        launch = latest_launch(self.hook.store, record.green["shadow_job"])
+        return driver_gone(report, launch, token, socket.gethostname())
+
+    def _green_died(self, records: Any, record: UpgradeRecord, why: str) -> NoReturn:
+        """Green went live (blue is stopped) and died before committing: the upgrade has
+        failed its probation, so the rollback task returns the job to blue's savepoint."""
+        reason = f"green died during the handover, before its first live batch: {why}"
+        started = float((record.handover or {}).get("blue_stopped_at") or time.time())
+        verdict = _verdict(False, reason, started)
+        records.update(record.id, lambda r: setattr(r, "probation", verdict))
+        raise AirflowFailException(
+            f"upgrade {record.id!r}: {reason}; the rollback task returns the job to blue's "
+            f"stop savepoint {(record.handover or {}).get('blue_savepoint')}"
+        )
 
 
 class ProbationOperator(_UpgradeTask):
@@ -550,7 +588,8 @@ class RollbackOperator(StartJobOperator):
     checkpoints. Live output stays exactly once (UPGRADE.md).
 
     With `upgrade_id` it rolls back that upgrade, and only if green went live and failed
-    its probation (else it skips): to blue's stop savepoint, with blue's spec and launch.
+    its probation, or died during the handover (else it skips): to blue's stop savepoint,
+    with blue's spec and launch.
     Without, to `savepoint_id` with `spec_path` (on demand, the rollback DAG).
     `of_upgrade`: the task of an upgrade DAG, which skips when its upgrade never began.
     """
