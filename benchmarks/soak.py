@@ -2,6 +2,7 @@
 
 Run:  /work/main/.venv/bin/python benchmarks/soak.py [--minutes 60] [--rate 2000]
           [--interval 1s] [--restart-every 10] [--warmup 3] [--workdir DIR] [--keep]
+      /work/main/.venv/bin/python benchmarks/soak.py --judge LOG
 
 The sample job (keyed-totals, exactly once into two Delta tables on local storage) runs
 as a real driver (`streamkeeper run`, local[2]) fed `--rate` events/s (one file per
@@ -19,14 +20,18 @@ Every minute one line:
   recovery cost     the last start's time from process start to its first new checkpoint
                     (and to its first heartbeat)
 
-At the end, each series' least-squares slope per hour and whether it is flat: the slope,
-extrapolated over an hour, moves the series by at most 10 % of its median (`--flat`).
-Samples of the first `--warmup` minutes (JIT, heap growing to its working size) are left
-out. Driver memory restarts with every driver, so its slope is the pooled slope within
-each driver's life (one intercept per driver, the first minute of each life left out);
-the recovery series has one value per restart. Data files of the tables are printed but
-not judged: an append table keeps every batch's file by design and nothing vacuums the
-merged table's replaced files. Last line: one JSON object.
+At the end, each series' range within each driver life, its least-squares slope per hour
+and whether it is flat: the slope, extrapolated over an hour, moves the series by at most
+10 % of its median (`--flat`). Samples of the first `--warmup` minutes (JIT, heap growing
+to its working size) are left out. Driver memory restarts with every driver, so its slope
+is the pooled slope within each driver's life (one intercept per driver, the first minute
+of each life left out). An object count kept by retention is a sawtooth (it grows, a
+maintenance pass cuts it back), whose per-minute fit follows where the passes fall: it
+is judged by the mean of each life from the second on (the first fills the retention
+windows), one point per life, from three lives. The recovery series has one value per
+restart. Data files of the tables are printed but not judged: an append table keeps
+every batch's file by design and nothing vacuums the merged table's replaced files.
+Last line: one JSON object; `--judge LOG` judges an earlier run's again.
 """
 
 from __future__ import annotations
@@ -201,7 +206,22 @@ def main() -> int:
     )
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--judge",
+        type=Path,
+        metavar="LOG",
+        help="run nothing: judge the samples of an earlier run (its output, last line JSON)",
+    )
     args = parser.parse_args()
+    if args.judge is not None:
+        earlier = json.loads(args.judge.read_text().strip().splitlines()[-1])
+        nan = float("nan")  # the JSON wrote NaN as null
+        samples, restarts = (
+            [{k: nan if v is None else v for k, v in row.items()} for row in earlier[part]]
+            for part in ("samples", "restarts")
+        )
+        report(samples, restarts, args.warmup, args.flat)
+        return 0
     interval = parse_duration(args.interval)
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="sk-soak-"))
@@ -273,17 +293,7 @@ def main() -> int:
         feeder.stop()
         if driver.process is not None and driver.process.poll() is None:
             driver.stop()
-    verdicts = _verdicts(samples, restarts, args.warmup, args.flat)
-    print(f"slopes (per hour; flat = |slope| x 1 h <= {args.flat:.0%} of the median):", flush=True)
-    for name, verdict in verdicts.items():
-        slope, median, flat = verdict["slope_per_hour"], verdict["median"], verdict["flat"]
-        shown = "n/a" if slope is None else f"{slope:+.3g}"
-        judged = {True: "FLAT", False: "NOT FLAT", None: "not judged"}[flat]
-        print(
-            f"  {name:<22} slope {shown:>10} /h  median {median:.4g}  {judged}"
-            + (f"  ({verdict['note']})" if verdict.get("note") else ""),
-            flush=True,
-        )
+    verdicts = report(samples, restarts, args.warmup, args.flat)
     print(
         json.dumps(
             finite(
@@ -354,6 +364,67 @@ def _print(sample: dict[str, Any], restart: dict[str, Any]) -> None:
     )
 
 
+def count_series(parts: list[str]) -> tuple[str, ...]:
+    """The object counts: the lineage's files (and per folder), the tables' logs, Spark's."""
+    return ("lineage", *parts, "table_logs", "spark_checkpoint")
+
+
+def report(
+    samples: list[dict[str, Any]], restarts: list[dict[str, Any]], warmup: float, flat: float
+) -> dict[str, dict[str, Any]]:
+    """Print each series' range within each driver life, then its slope and verdict."""
+    judged = [s for s in samples if s["minute"] >= warmup]
+    parts = sorted({k for s in judged for k in s if k.startswith("lineage/")})
+    print("within each driver life (min-max after the warm-up):", flush=True)
+    lives = sorted({s["life"] for s in judged})
+    print(f"  {'life':<22} " + "  ".join(f"{life:>11}" for life in lives), flush=True)
+    keys = (*count_series(parts), "python_rss_mib", "jvm_rss_mib", "batch_ms", "delta_commit_ms")
+    for line in life_ranges(judged, keys):
+        print(line, flush=True)
+    verdicts = _verdicts(samples, restarts, warmup, flat)
+    print(f"slopes (per hour; flat = |slope| x 1 h <= {flat:.0%} of the median):", flush=True)
+    for name, verdict in verdicts.items():
+        slope, median, is_flat = verdict["slope_per_hour"], verdict["median"], verdict["flat"]
+        shown = "n/a" if slope is None else f"{slope:+.3g}"
+        judgement = {True: "FLAT", False: "NOT FLAT", None: "not judged"}[is_flat]
+        print(
+            f"  {name:<22} slope {shown:>10} /h  median {median:.4g}  {judgement}"
+            + (f"  ({verdict['note']})" if verdict.get("note") else ""),
+            flush=True,
+        )
+    return verdicts
+
+
+def life_means(samples: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
+    """(mean minute, mean value) of each driver life after the first."""
+    lives: dict[int, list[dict[str, Any]]] = {}
+    for sample in samples:
+        if sample["life"] > 1:
+            lives.setdefault(sample["life"], []).append(sample)
+    return [
+        (
+            statistics.fmean(s["minute"] for s in group),
+            statistics.fmean(s.get(key, 0) for s in group),
+        )
+        for _, group in sorted(lives.items())
+    ]
+
+
+def life_ranges(samples: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
+    """One line per series: its min-max within each driver life."""
+    lives = sorted({s["life"] for s in samples})
+    lines = []
+    for key in keys:
+        ranges = []
+        for life in lives:
+            values = [
+                s[key] for s in samples if s["life"] == life and key in s and s[key] == s[key]
+            ]
+            ranges.append(f"{min(values):.0f}-{max(values):.0f}" if values else "-")
+        lines.append(f"  {key:<22} " + "  ".join(f"{r:>11}" for r in ranges))
+    return lines
+
+
 def _verdicts(
     samples: list[dict[str, Any]], restarts: list[dict[str, Any]], warmup: float, flat: float
 ) -> dict[str, dict[str, Any]]:
@@ -375,9 +446,18 @@ def _verdicts(
                 groups.setdefault(s["life"], []).append((s["minute"], s[key]))
         verdict(key, pooled_slope_per_hour(groups), [s[key] for s in judged], "within each driver")
     parts = sorted({k for s in judged for k in s if k.startswith("lineage/")})
-    for key in ("lineage", *parts, "table_logs", "spark_checkpoint"):
-        points = [(s["minute"], s.get(key, 0)) for s in judged]
-        verdict(key, slope_per_hour(points), [y for _, y in points])
+    for key in count_series(parts):
+        # A count kept by retention is a sawtooth (it grows, a pass cuts it back): judged by
+        # the mean of each driver's life, from the second life on (the first fills the
+        # retention windows), one point per life.
+        means = life_means(judged, key)
+        verdict(
+            key,
+            slope_per_hour(means),
+            [y for _, y in means],
+            f"means of lives 2-{max(s['life'] for s in judged)}" if means else "",
+            judge=len(means) >= 3,
+        )
     verdict(
         "table_data",
         slope_per_hour([(s["minute"], s["table_data"]) for s in judged]),
