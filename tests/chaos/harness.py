@@ -15,6 +15,8 @@ import random
 import signal
 import subprocess
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,11 +169,21 @@ class ChaosJob:
 
     def reference_after(self, batches: list[list[Path]]) -> tuple[dict, list]:
         """Totals and the changelog after the given batches, one update per batch and key."""
+        *_, (totals, changes) = self.references(batches)
+        return totals, sorted(changes.elements())
+
+    @staticmethod
+    def references(batches: list[list[Path]]) -> Iterator[tuple[dict, Counter]]:
+        """The reference after each prefix of `batches` (the empty one first): totals per
+        key and the changelog as a multiset. One pass: each file is read once, and each
+        step costs its batch (a check after every kill compares every prefix). The
+        changelog yielded is one Counter, updated in place: copy it to keep it."""
         from jobs.keyed_totals.sample_events import read_events
 
         counts: dict[str, int] = {}
         sums: dict[str, int] = {}
-        changes = []
+        changes: Counter = Counter()
+        yield {}, Counter()
         for files in batches:
             touched = set()
             for path in files:
@@ -179,8 +191,8 @@ class ChaosJob:
                     counts[event["key"]] = counts.get(event["key"], 0) + 1
                     sums[event["key"]] = sums.get(event["key"], 0) + event["value"]
                     touched.add(event["key"])
-            changes.extend((k, counts[k], sums[k]) for k in touched)
-        return {k: (counts[k], sums[k]) for k in counts}, sorted(changes)
+            changes.update((k, counts[k], sums[k]) for k in touched)
+            yield {k: (counts[k], sums[k]) for k in counts}, changes
 
     def check_invariants(self, changes: list[tuple] | None = None) -> tuple[int, int]:
         """Each table equals the reference after some prefix of the completed batches.
@@ -195,13 +207,12 @@ class ChaosJob:
         totals = {r["key"]: (r["events"], r["total"]) for r in self.table_rows("totals")}
         if changes is None:
             changes = [(r["key"], r["events"], r["total"]) for r in self.table_rows("changes")]
-        changes = sorted(changes)
+        written = Counter(changes)
         totals_at = changes_at = None
-        for prefix in range(len(batches) + 1):
-            expected_totals, expected_changes = self.reference_after(batches[:prefix])
+        for prefix, (expected_totals, expected_changes) in enumerate(self.references(batches)):
             if totals_at is None and totals == expected_totals:
                 totals_at = prefix
-            if changes_at is None and changes == expected_changes:
+            if changes_at is None and written == expected_changes:
                 changes_at = prefix
         if totals_at is None or changes_at is None:
             raise InvariantViolation(

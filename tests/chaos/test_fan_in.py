@@ -12,6 +12,7 @@ import itertools
 import os
 import random
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -45,16 +46,11 @@ def _job(tmp_path: Path, name: str, seed: int) -> ChaosJob:
 def _own_changes(job: ChaosJob, other: ChaosJob) -> list[tuple]:
     """The shared table's rows minus the other job's: the other job's rows are the
     reference after some prefix of its batches, so try each (few batches: cheap)."""
-    rows = sorted((r["key"], r["events"], r["total"]) for r in job.table_rows("changes"))
-    other_batches = other.batch_files()
-    for prefix in range(len(other_batches) + 1):
-        _, theirs = other.reference_after(other_batches[:prefix])
-        remaining = list(rows)
-        try:
-            for row in theirs:
-                remaining.remove(row)
-        except ValueError:
+    rows = Counter((r["key"], r["events"], r["total"]) for r in job.table_rows("changes"))
+    for _, theirs in other.references(other.batch_files()):
+        if not theirs <= rows:  # the table lacks some of these rows of the other job
             continue
+        remaining = sorted((rows - theirs).elements())
         try:
             job.check_invariants(changes=remaining)
             return remaining
