@@ -24,11 +24,14 @@ At the end, each series' range within each driver life, its least-squares slope 
 and whether it is flat: the slope, extrapolated over an hour, moves the series by at most
 10 % of its median (`--flat`). Samples of the first `--warmup` minutes (JIT, heap growing
 to its working size) are left out. Driver memory restarts with every driver, so its slope
-is the pooled slope within each driver's life (one intercept per driver, the first minute
-of each life left out). An object count kept by retention is a sawtooth (it grows, a
+is the pooled slope within each driver's life (one intercept per driver, each life's first
+`--warmup` minutes left out: a new JVM grows its heap for minutes). A slope down by more
+than that is FALLING: a cost that does not creep up. An object count kept by retention is a sawtooth (it grows, a
 maintenance pass cuts it back), whose per-minute fit follows where the passes fall: it
 is judged by the mean of each life from the second on (the first fills the retention
-windows), one point per life, from three lives. The recovery series has one value per
+windows), one point per life, from three lives (and flat within an object an hour,
+for counts of a few files); the lineage's epochs are not judged (fencing keeps one small
+file per start). The recovery series has one value per
 restart. Data files of the tables are printed but not judged: an append table keeps
 every batch's file by design and nothing vacuums the merged table's replaced files.
 Last line: one JSON object; `--judge LOG` judges an earlier run's again.
@@ -382,11 +385,17 @@ def report(
     for line in life_ranges(judged, keys):
         print(line, flush=True)
     verdicts = _verdicts(samples, restarts, warmup, flat)
-    print(f"slopes (per hour; flat = |slope| x 1 h <= {flat:.0%} of the median):", flush=True)
+    print(
+        f"slopes (per hour; flat = |slope| x 1 h <= {flat:.0%} of the median; falling = "
+        "down by more: a cost that does not creep up):",
+        flush=True,
+    )
     for name, verdict in verdicts.items():
-        slope, median, is_flat = verdict["slope_per_hour"], verdict["median"], verdict["flat"]
+        slope, median = verdict["slope_per_hour"], verdict["median"]
         shown = "n/a" if slope is None else f"{slope:+.3g}"
-        judgement = {True: "FLAT", False: "NOT FLAT", None: "not judged"}[is_flat]
+        judgement = {"flat": "FLAT", "falling": "FALLING", "rising": "NOT FLAT"}.get(
+            verdict["trend"], "not judged"
+        )
         print(
             f"  {name:<22} slope {shown:>10} /h  median {median:.4g}  {judgement}"
             + (f"  ({verdict['note']})" if verdict.get("note") else ""),
@@ -397,9 +406,10 @@ def report(
 
 def life_means(samples: list[dict[str, Any]], key: str) -> list[tuple[float, float]]:
     """(mean minute, mean value) of each driver life after the first."""
+    first = min((s["life"] for s in samples), default=0)
     lives: dict[int, list[dict[str, Any]]] = {}
     for sample in samples:
-        if sample["life"] > 1:
+        if sample["life"] > first:
             lives.setdefault(sample["life"], []).append(sample)
     return [
         (
@@ -431,32 +441,60 @@ def _verdicts(
     judged = [s for s in samples if s["minute"] >= warmup]
     out: dict[str, dict[str, Any]] = {}
 
-    def verdict(name: str, slope: float | None, values: list[float], note: str = "", judge=True):
+    def verdict(
+        name: str,
+        slope: float | None,
+        values: list[float],
+        note: str = "",
+        judge: bool = True,
+        floor: float = 0.0,
+    ) -> None:
+        """Flat: the slope moves the series by at most `flat` of its median in an hour (or
+        `floor`); falling: it moves it down by more (a cost that does not creep up)."""
         values = [v for v in values if v == v]
         median = statistics.median(values) if values else float("nan")
-        is_flat = None
+        is_flat, trend = None, None
         if judge and slope is not None and median == median:
-            is_flat = abs(slope) <= flat * abs(median) if median else slope == 0
-        out[name] = {"slope_per_hour": slope, "median": median, "flat": is_flat, "note": note}
+            limit = max(flat * abs(median), floor)
+            trend = "flat" if abs(slope) <= limit else ("falling" if slope < 0 else "rising")
+            is_flat = trend != "rising"
+        out[name] = {
+            "slope_per_hour": slope,
+            "median": median,
+            "flat": is_flat,
+            "trend": trend,
+            "note": note,
+        }
 
     for key in ("python_rss_mib", "jvm_rss_mib"):
+        # Each driver is a new process: its own warm-up (JIT, the heap growing to its
+        # working size) is left out as the run's is.
         groups: dict[int, list[tuple[float, float]]] = {}
         for s in judged:
-            if s["life_minute"] >= 1.0:
+            if s["life_minute"] >= warmup:
                 groups.setdefault(s["life"], []).append((s["minute"], s[key]))
-        verdict(key, pooled_slope_per_hour(groups), [s[key] for s in judged], "within each driver")
+        verdict(
+            key,
+            pooled_slope_per_hour(groups),
+            [y for points in groups.values() for _, y in points],
+            f"within each driver, after its first {warmup:g} min",
+        )
     parts = sorted({k for s in judged for k in s if k.startswith("lineage/")})
     for key in count_series(parts):
         # A count kept by retention is a sawtooth (it grows, a pass cuts it back): judged by
         # the mean of each driver's life, from the second life on (the first fills the
         # retention windows), one point per life.
         means = life_means(judged, key)
+        if key == "lineage/epochs":  # fencing keeps every epoch: one small file per start
+            verdict(key, slope_per_hour(means), [y for _, y in means], "one per start", False)
+            continue
         verdict(
             key,
             slope_per_hour(means),
             [y for _, y in means],
-            f"means of lives 2-{max(s['life'] for s in judged)}" if means else "",
+            f"means of the {len(means)} lives after the first",
             judge=len(means) >= 3,
+            floor=1.0,  # a count of 1-3 files: an object an hour is not a trend
         )
     verdict(
         "table_data",

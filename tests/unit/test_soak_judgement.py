@@ -13,7 +13,7 @@ LIVES, MINUTES_PER_LIFE = 6, 10
 def _samples(count: Any) -> list[dict[str, Any]]:
     samples = []
     for minute in range(1, LIVES * MINUTES_PER_LIFE + 1):
-        life = (minute - 1) // MINUTES_PER_LIFE + 1
+        life = (minute - 1) // MINUTES_PER_LIFE  # numbered from 0, as soak.py does
         samples.append(
             {
                 "minute": float(minute),
@@ -34,9 +34,16 @@ def _samples(count: Any) -> list[dict[str, Any]]:
     return samples
 
 
+def _verdicts_of(count: Any, first_checkpoint_s: Any = lambda life: 12.0) -> dict[str, Any]:
+    restarts = [
+        {"minute": 10.0 * life, "first_checkpoint_s": first_checkpoint_s(life)}
+        for life in range(LIVES)
+    ]
+    return _verdicts(_samples(count), restarts, warmup=3.0, flat=0.10)
+
+
 def _lineage(count: Any) -> dict[str, Any]:
-    restarts = [{"minute": 10.0 * i, "first_checkpoint_s": 12.0} for i in range(LIVES)]
-    return _verdicts(_samples(count), restarts, warmup=3.0, flat=0.10)["lineage"]
+    return _verdicts_of(count)["lineage"]
 
 
 def test_a_sawtooth_kept_by_retention_is_flat() -> None:
@@ -55,3 +62,11 @@ def test_the_first_life_filling_its_retention_windows_is_not_judged() -> None:
     # Growing for the first 10 minutes (retention), level after.
     verdict = _lineage(lambda minute: 50.0 * min(minute, 10) + 30.0 * (minute % 5))
     assert verdict["flat"] is True, verdict
+
+
+def test_a_cost_that_falls_is_not_one_that_creeps_up() -> None:
+    verdicts = _verdicts_of(lambda minute: 300.0, first_checkpoint_s=lambda life: 30.0 - life)
+    recovery = verdicts["recovery_first_checkpoint_s"]
+    assert recovery["trend"] == "falling" and recovery["flat"] is True, recovery
+    rising = _verdicts_of(lambda minute: 300.0, first_checkpoint_s=lambda life: 20.0 + life)
+    assert rising["recovery_first_checkpoint_s"]["trend"] == "rising"
