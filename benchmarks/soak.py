@@ -26,15 +26,15 @@ and whether it is flat: the slope, extrapolated over an hour, moves the series b
 to its working size) are left out. Driver memory restarts with every driver, so its slope
 is the pooled slope within each driver's life (one intercept per driver, each life's first
 `--warmup` minutes left out: a new JVM grows its heap for minutes). A slope down by more
-than that is FALLING: a cost that does not creep up. An object count kept by retention is a sawtooth (it grows, a
-maintenance pass cuts it back), whose per-minute fit follows where the passes fall: it
-is judged by the mean of each life from the second on (the first fills the retention
-windows), one point per life, from three lives (and flat within an object an hour,
-for counts of a few files); the lineage's epochs are not judged (fencing keeps one small
-file per start). The recovery series has one value per
-restart. Data files of the tables are printed but not judged: an append table keeps
-every batch's file by design and nothing vacuums the merged table's replaced files.
-Last line: one JSON object; `--judge LOG` judges an earlier run's again.
+than that is FALLING: a cost that does not creep up. An object count kept by retention
+is a sawtooth (it grows, a maintenance pass cuts it back), whose per-minute fit follows
+where the passes fall: it is judged by the mean of each life from the second on (the
+first fills the retention windows), one point per life, from three lives (and flat within
+an object an hour, for counts of a few files); the lineage's epochs are not judged
+(fencing keeps one small file per start). The recovery series has one value per restart.
+Data files of the tables are printed but not judged: an append table keeps every batch's
+file by design and nothing vacuums the merged table's replaced files. Last line: one JSON
+object; `--judge LOG` judges an earlier run's again.
 """
 
 from __future__ import annotations
