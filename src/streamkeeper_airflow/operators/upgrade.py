@@ -95,6 +95,22 @@ class _UpgradeTask(BaseOperator):
         with self.hook._hidden():
             return UpgradeRecords(self.hook.store, self.job).read(str(self.upgrade_id))
 
+    def fail_probation(
+        self,
+        record: UpgradeRecord,
+        reason: str,
+        started: float,
+        quality: dict[str, Any] | None = None,
+    ) -> None:
+        """Record a failed probation verdict: what the rollback task acts on."""
+        from streamkeeper.upgrade.record import UpgradeRecords
+
+        verdict = _verdict(False, reason, started, quality)
+        with self.hook._hidden():
+            UpgradeRecords(self.hook.store, self.job).update(
+                record.id, lambda r: setattr(r, "probation", verdict)
+            )
+
 
 class BeginUpgradeOperator(_UpgradeTask):
     """Savepoint blue (self-contained, blue keeps running) and record the upgrade.
@@ -409,7 +425,7 @@ class HandoverOperator(_UpgradeTask):
                     next_check = time.monotonic() + DEATH_CHECK_SECONDS
                     gone = self._green_gone(record)
                     if gone is not None:
-                        self._green_died(records, record, gone)
+                        self._green_died(record, gone)
                 if time.monotonic() > deadline:
                     raise AirflowFailException(
                         f"upgrade {record.id!r} is {record.phase} after "
@@ -445,13 +461,12 @@ class HandoverOperator(_UpgradeTask):
         launch = latest_launch(self.hook.store, record.green["shadow_job"])
         return driver_gone(report, launch, token, socket.gethostname())
 
-    def _green_died(self, records: Any, record: UpgradeRecord, why: str) -> NoReturn:
+    def _green_died(self, record: UpgradeRecord, why: str) -> NoReturn:
         """Green went live (blue is stopped) and died before committing: the upgrade has
         failed its probation, so the rollback task returns the job to blue's savepoint."""
         reason = f"green died during the handover, before its first live batch: {why}"
         started = float((record.handover or {}).get("blue_stopped_at") or time.time())
-        verdict = _verdict(False, reason, started)
-        records.update(record.id, lambda r: setattr(r, "probation", verdict))
+        self.fail_probation(record, reason, started)
         raise AirflowFailException(
             f"upgrade {record.id!r}: {reason}; the rollback task returns the job to blue's "
             f"stop savepoint {(record.handover or {}).get('blue_savepoint')}"
@@ -558,14 +573,8 @@ class ProbationOperator(_UpgradeTask):
         reason: str,
         started: float,
         quality: dict[str, Any] | None = None,
-    ) -> None:
-        from streamkeeper.upgrade.record import UpgradeRecords
-
-        verdict = _verdict(False, reason, started, quality)
-        with self.hook._hidden():
-            UpgradeRecords(self.hook.store, self.job).update(
-                record.id, lambda r: setattr(r, "probation", verdict)
-            )
+    ) -> NoReturn:
+        self.fail_probation(record, reason, started, quality)
         raise AirflowFailException(f"upgrade {record.id!r} failed its probation: {reason}")
 
 
