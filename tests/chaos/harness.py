@@ -214,6 +214,8 @@ class ChaosJob:
                 totals_at = prefix
             if changes_at is None and written == expected_changes:
                 changes_at = prefix
+            if totals_at is not None and changes_at is not None:
+                break  # the first match is the answer: later prefixes only cost
         if totals_at is None or changes_at is None:
             raise InvariantViolation(
                 f"tables match no prefix of the {len(batches)} completed batches (totals at "
