@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.02
 RETRY_SECONDS = 1.0
+# What a long-lived driver keeps per batch: the facts the history flush reads (Spark
+# reports the last 100 batches) and the visibility delays of the newest batches.
+FACTS_KEPT = 1000
+DELAYS_KEPT = 10_000
 
 
 @dataclass
@@ -45,7 +49,8 @@ class CommitStats:
     last_commit_at: float | None = None
     committed: int = 0
     peak_pending: int = 0  # the most manifests that ever waited at once (<= max_pending)
-    visibility_delays_ms: list[float] = field(default_factory=list)
+    # The newest batches' (a driver runs for months): RunResult's figures of a bounded run.
+    visibility_delays_ms: deque[float] = field(default_factory=lambda: deque(maxlen=DELAYS_KEPT))
 
     @classmethod
     def from_head(cls, head: dict[str, Any] | None) -> CommitStats:
@@ -158,6 +163,8 @@ class CommitCoordinator:
             "visibility_delay_ms": delay_ms,
             "bytes_uploaded": uploaded,
         }
+        while len(self._facts) > FACTS_KEPT:  # the oldest first (insertion order)
+            del self._facts[next(iter(self._facts))]
         if self.health is not None and manifest.batch_id not in self._timed_out:
             self.health.completed()
         self.stats.last_seq = manifest.seq

@@ -99,7 +99,10 @@ class ProtectedVersions:
         """sink -> lowest protected version (a sink absent: nothing protected below its
         head); None if a needed marker is missing, so nothing may be expired."""
         floors: dict[str, int] = {}
-        for seq in set(self.seqs()):
+        seqs = set(self.seqs())
+        # The head moves every batch: keep the markers of the seqs protected now only.
+        self._versions = {s: v for s, v in self._versions.items() if s in seqs}
+        for seq in seqs:
             versions = self._marker_versions(seq)
             if versions is None:
                 log.warning("commit marker of protected seq %d is missing: no log expired", seq)

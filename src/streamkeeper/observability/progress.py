@@ -33,7 +33,8 @@ class ProgressListener(Protocol):
         """`done` of `total` files of a checkpoint restored."""
 
     def query(self, progresses: list[dict[str, Any]], committed: int) -> None:
-        """New progress reports of batches that ran (Spark's JSON), checkpoints committed."""
+        """Spark's recent reports of batches that ran (JSON) when a new one came, else [];
+        and the checkpoints committed. A report comes again until it leaves the window."""
 
 
 class ProgressTask:
@@ -133,14 +134,18 @@ class RunProgress(ProgressDisplay):
         self._restore.update(completed=done, total=total)
 
     def query(self, progresses: list[dict[str, Any]], committed: int) -> None:
-        for progress in progresses:
-            key = (str(progress.get("runId")), int(progress["batchId"]))
+        """Count the reports not seen before; `progresses` is Spark's whole recent window
+        when a new report came, else empty."""
+        keys = [(str(p.get("runId")), int(p["batchId"])) for p in progresses]
+        for key, progress in zip(keys, progresses, strict=True):
             if key in self._seen:
                 continue
             self._seen.add(key)
             self.batches += 1
             self.rows += int(progress.get("numInputRows") or 0)
             self.rate = float(progress.get("processedRowsPerSecond") or 0.0)
+        if progresses:  # a report out of the window never comes back: forget it
+            self._seen.intersection_update(keys)
         self.committed = committed
         if self._batches is None:
             self._batches = self.task("checkpoints committed")

@@ -117,7 +117,7 @@ class RunResult:
     last_committed_seq: int
     recovery: RecoveryReport
     tables: dict[str, str]
-    visibility_delays_ms: list[float] = field(default_factory=list)
+    visibility_delays_ms: list[float] = field(default_factory=list)  # the newest 10 000
     savepoint_id: str | None = None  # taken by a stop-with-savepoint
 
 
@@ -471,7 +471,7 @@ class JobRunner:
             last_committed_seq=coordinator.stats.last_seq,
             recovery=report,
             tables={name: t.location.uri for name, t in self.paths.targets.items()},
-            visibility_delays_ms=coordinator.stats.visibility_delays_ms,
+            visibility_delays_ms=list(coordinator.stats.visibility_delays_ms),
         )
 
     def _prepare_attempt(

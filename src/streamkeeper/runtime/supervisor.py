@@ -171,6 +171,9 @@ class QuerySupervisor:
                 continue  # recorded already, or not committed yet (a later flush sees it)
             records.append(record_from_progress(progress, **facts))
             self._recorded.add(batch)
+        # A batch out of `recentProgress` is never reported again: forgetting it keeps the
+        # set at Spark's window (100 reports) in a driver that runs for months.
+        self._recorded.intersection_update(ran)
         try:
             self.history.append(records)
         except Exception:  # noqa: BLE001 - history is observability, never a reason to fail
