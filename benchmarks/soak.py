@@ -237,6 +237,9 @@ def main() -> int:
         + (f", settings {' '.join(args.set)}" if args.set else ""),
         flush=True,
     )
+    # The driver's JVM options set what it measures: infra/driver_jvm.sh's (C1 only, a
+    # 48 MB code cache) are for the tests' short-lived drivers, not for a soak.
+    print(f"driver JVM: {os.environ.get('PYSPARK_SUBMIT_ARGS') or 'defaults'}", flush=True)
     client = StreamkeeperClient(str(root))
     feeder = RateFeeder(events, args.rate, interval, keys=args.keys)
     argv = driver_command(root, checkpoint, events, args.interval, *args.set)
