@@ -218,3 +218,52 @@ def test_a_savepoints_state_file_is_read_through_s3_errors(proxy: S3FaultProxy) 
         assert [b.num_rows for b in batches] == [3]
         assert batches[0].column("value").to_pylist()[-1] == {"events": 2, "total": 20}
     assert proxy.stats()["error_503"] > 5
+
+
+RESTORE_THROUGH_PROXY = """
+import json, sys
+import pyarrow as pa
+from deltalake import write_deltalake
+from streamkeeper.commit.tables import TableTarget, restore_table
+from streamkeeper.storage import Location, S3Settings
+
+table = Location(sys.argv[1], S3Settings.from_env()).child("tables/t")
+for n in range(3):  # versions 0, 1, 2
+    write_deltalake(table.uri, pa.table({"n": [n]}), mode="append",
+                    storage_options=table.storage_options())
+print("ready", flush=True)
+sys.stdin.readline()  # the test installs its faults now
+target = TableTarget("t", table, "streamkeeper:lin:t", "fence:lin")
+print(json.dumps({"version": restore_table(target, 0)}), flush=True)
+"""
+
+
+def test_a_restore_whose_response_is_lost_is_made_again(proxy: S3FaultProxy) -> None:
+    """A rollback restores each table to its savepoint version: the log entry of a RESTORE
+    landed and its answer was lost, and the rollback failed halfway through its tables
+    (found by the fault run). The restore is retried, and a second one is harmless."""
+    uri = f"s3://{S3_BUCKET}/restore-{uuid.uuid4().hex[:8]}"
+    env = {**driver_env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
+    restorer = subprocess.Popen(
+        [sys.executable, "-c", RESTORE_THROUGH_PROXY, uri],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert restorer.stdout.readline().strip() == "ready"
+    # The RESTORE's log entry (version 3) lands, and every answer to it is lost.
+    proxy.set_faults(FaultPlan([Fault("reset_after_apply", 1.0, {"PUT"}, r"_delta_log/0+3\.json")]))
+    out, _ = restorer.communicate("go\n", timeout=120)
+    assert restorer.returncode == 0, out
+    assert proxy.stats()["reset_after_apply"] >= 1
+    version = json.loads(out.strip().splitlines()[-1])["version"]
+    direct = TableTarget(
+        "t",
+        Location(uri, S3Settings.from_env()).child("tables/t"),
+        "streamkeeper:lin:t",
+        "fence:lin",
+    )
+    table = direct.open()
+    assert table.version() == version == 4  # the landed restore, and the one made again
+    assert table.to_pyarrow_dataset().to_table().column("n").to_pylist() == [0]

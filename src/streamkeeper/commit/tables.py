@@ -114,16 +114,39 @@ def fence_table(target: TableTarget, epoch: int, attempts: int = 5) -> int:
     Raises:
         FencedError: a newer epoch already committed to the table.
     """
-    retrying = Retrying(
+    for attempt in _retrying(attempts):
+        with attempt:
+            return _fence_once(target, epoch)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def restore_table(target: TableTarget, version: int, attempts: int = 5) -> int:
+    """Delta RESTORE the table to `version`, retried like a commit.
+
+    A RESTORE whose response was lost (the log entry landed, the answer did not) is made
+    again: each attempt re-reads the table, and restoring a table already at `version`'s
+    content only adds a commit with the same files. A rollback must not stop halfway
+    through its tables for an S3 hiccup.
+
+    Returns:
+        The table's version after the restore.
+    """
+    for attempt in _retrying(attempts):
+        with attempt:
+            table = target.open()
+            table.restore(version)
+            return table.version()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _retrying(attempts: int) -> Retrying:
+    """Transient errors (S3, a conflict) retried with backoff; our own errors are final."""
+    return Retrying(
         stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.2, max=5),
         retry=retry_if_exception(_is_retryable),
         reraise=True,
     )
-    for attempt in retrying:
-        with attempt:
-            return _fence_once(target, epoch)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _fence_once(target: TableTarget, epoch: int) -> int:
@@ -243,13 +266,7 @@ class TableCommitter:
         Raises:
             FencedError: a newer runner of the lineage has committed to this table.
         """
-        retrying = Retrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_exponential(multiplier=0.2, max=5),
-            retry=retry_if_exception(_is_retryable),
-            reraise=True,
-        )
-        for attempt in retrying:
+        for attempt in _retrying(self.attempts):
             with attempt:
                 return self._commit_once(part, seq)
         raise AssertionError("unreachable")  # pragma: no cover

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamkeeper.client import StreamkeeperClient
-from streamkeeper.commit.tables import TableTarget, fence_table
+from streamkeeper.commit.tables import TableTarget, fence_table, restore_table
 from streamkeeper.errors import StreamkeeperError
 from streamkeeper.lineage.control import ControlPlane
 from streamkeeper.lineage.layout import LineageLayout
@@ -324,10 +324,9 @@ def restore_tables(
         location = Location(seq.table, client.location.s3)
         target = TableTarget(name, location, layout.data_app_id(name), layout.fence_app_id())
         fence_table(target, lease.epoch)
-        table = target.open()
-        before = table.version()
-        table.restore(int(seq.version))  # type: ignore[arg-type]
-        restored[name] = {"from": before, "to": seq.version, "now": target.open().version()}
+        before = target.open().version()
+        now = restore_table(target, int(seq.version))  # type: ignore[arg-type]
+        restored[name] = {"from": before, "to": seq.version, "now": now}
         log.info("table %s restored to version %s (was %d)", seq.table, seq.version, before)
     return TablesRestored(lease.epoch, restored)
 
