@@ -81,5 +81,9 @@ class IncompatibleSavepointError(SavepointError):
     """A savepoint of another job or lineage, or of another topology than the job's."""
 
 
+class RewindPendingError(SavepointError):
+    """A rollback restored the job's tables and did not finish: only its savepoint may start."""
+
+
 class CommandError(StreamkeeperError):
     """A command to a running job is malformed, conflicts with another, or got no answer."""

@@ -7,6 +7,7 @@ quality gate with blue untouched: tests/airflow/test_upgrade_dags.py.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,8 @@ def test_upgrade_hands_over_exactly_once_then_rolls_back(tmp_path: Path) -> None
             str(Path(root) / "tables" / "totals"), version=manifest.tables["totals"].version
         )
         assert got == {r["key"]: (r["events"], r["total"]) for r in at_savepoint}
+        pending = Path(root) / "jobs" / JOB / "rewind-pending.json"
+        assert json.loads(pending.read_text())["savepoint"] == manifest.id  # until blue runs
         set_aside(tmp_path / "checkpoint", f"{upgrade_id}.green")
         blue_again = BackgroundRun(
             spec,
@@ -183,6 +186,7 @@ def test_upgrade_hands_over_exactly_once_then_rolls_back(tmp_path: Path) -> None
         wait_for(
             lambda: _caught_up(root, files), 300, "blue to process every file after the rollback"
         )
+        assert not pending.exists()  # the start from the savepoint completed the rollback
         stop = client.send_command(JOB, "stop", savepoint=False)
         assert client.wait_for_result(JOB, stop.id, timeout=240).ok
         blue_again.finish(timeout=240)

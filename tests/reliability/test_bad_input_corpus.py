@@ -310,6 +310,12 @@ def live_heartbeat(ctx: Ctx) -> None:
     path.write_text(json.dumps(beat))
 
 
+def rollback_left_halfway(ctx: Ctx) -> None:
+    """A rollback to the native savepoint restored the tables and died before its start."""
+    path = ctx.root / "jobs" / JOB / "rewind-pending.json"
+    path.write_text(json.dumps({"savepoint": ctx.names["native"], "epoch": 99, "at": 0}))
+
+
 # -- the client, the runner's command executor ----------------------------------------------
 
 
@@ -852,6 +858,17 @@ CASES: list[Case] = [
         run("--from-savepoint", "{native}", "--set", "state_backend.type=rocksdb"),
         "exit 2",
         ("'{native}' is native", "'hdfs'", "'rocksdb'", "--format canonical"),
+    ),
+    Case(
+        "plain-start-after-a-rollback-left-halfway",
+        CLI_ARGS,
+        run(),
+        "exit 2",
+        (
+            "a rollback restored its tables to savepoint '{native}' and did not finish",
+            "--from-savepoint {native} --allow-rewind --takeover",
+        ),
+        prepare=rollback_left_halfway,
     ),
     Case(
         "checkpoint-and-savepoint-together",

@@ -112,6 +112,12 @@ class LineageLayout:
         return f"{self.job_base}/job.json"
 
     @property
+    def rewind_pending(self) -> str:
+        """Written by a rollback before it restores the job's tables, deleted by the start
+        from its savepoint: until then only that start may run (runtime/runner.py)."""
+        return f"{self.job_base}/rewind-pending.json"
+
+    @property
     def checkpoint_index(self) -> str:
         return f"{self.checkpoints}/index.json"
 

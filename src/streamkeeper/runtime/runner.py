@@ -49,6 +49,7 @@ from streamkeeper.errors import (
     FencedError,
     IncompatibleSavepointError,
     QueryFailedError,
+    RewindPendingError,
     SavepointError,
 )
 from streamkeeper.lineage.commands import Command, CommandBox
@@ -174,6 +175,7 @@ class JobRunner:
             self._prepare_tables(schemas)
             self._sweep_savepoints()
             self._externalize()
+            self._clear_rewind_pending()
             self._start_commands(spark)
             result = self._run_attempts(output, health)
             fence.check()
@@ -215,6 +217,29 @@ class JobRunner:
 
     def _check_restore_options(self) -> None:
         """Every restore option checked, and the savepoint found and checked: reads only."""
+        self._check_restore_options_alone()
+        pending = self.store.read_json(self.paths.layout.rewind_pending)
+        restoring = None if self._restore is None else self._restore.manifest.id
+        if pending is not None and pending.get("savepoint") != restoring:
+            savepoint = pending.get("savepoint")
+            raise RewindPendingError(
+                f"job {self.spec.name!r}: a rollback restored its tables to savepoint "
+                f"{savepoint!r} and did not finish; a start from "
+                f"{'its head' if restoring is None else repr(restoring)} would run state "
+                "the tables no longer hold. Run the rollback again, or start from that "
+                f"savepoint: --from-savepoint {savepoint} --allow-rewind --takeover"
+            )
+
+    def _clear_rewind_pending(self) -> None:
+        """The start from the rolled-back-to savepoint holds its state and owns the tables."""
+        layout = self.paths.layout
+        pending = self.store.read_json(layout.rewind_pending)
+        if pending is not None and self._restore is not None:
+            if pending.get("savepoint") == self._restore.manifest.id:
+                self.store.delete([layout.rewind_pending])
+                log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
+
+    def _check_restore_options_alone(self) -> None:
         options = self.options
         if options.from_checkpoint is not None and options.from_savepoint is not None:
             raise SavepointError(

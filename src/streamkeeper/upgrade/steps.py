@@ -319,6 +319,10 @@ def restore_tables(
         )
     layout = LineageLayout(client.location, manifest.lineage, job)
     lease = ControlPlane(client.store, layout).acquire(takeover=True)
+    # Before the first table changes: a start that is not from this savepoint is refused
+    # until one from it has run, so a rollback failing halfway cannot be resumed past.
+    pending = {"savepoint": manifest.id, "epoch": lease.epoch, "at": time.time()}
+    client.store.write_json(layout.rewind_pending, pending)
     restored: dict[str, dict[str, int | None]] = {}
     for name, seq in manifest.tables.items():
         location = Location(seq.table, client.location.s3)
