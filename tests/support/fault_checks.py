@@ -213,15 +213,22 @@ _CONTROL = ("_delta_log/", "_streamkeeper/")
 AWAITING_SWEEP = "history_awaiting_sweep"
 
 
+# From a job's last stop to this check (the stop DAGs, the audit): a file that came of
+# sweeping age in that time, or in the last sweep period before it, had no runner to sweep it.
+STOP_TO_CHECK_SECONDS = 180.0
+
+
 def _young_files(table: Location) -> set[str]:
-    """The table folder's files younger than the history sweep's minimum age."""
+    """The table folder's files the runner's sweep could not have taken yet: younger than
+    its minimum age, plus the period between sweeps and the time since the jobs stopped."""
     import time
 
     import pyarrow.fs as pafs
 
     from streamkeeper.observability.history import UNREFERENCED_MIN_AGE
+    from streamkeeper.runtime.supervisor import HISTORY_SWEEP_SECONDS
 
-    cutoff = time.time() - UNREFERENCED_MIN_AGE
+    cutoff = time.time() - (UNREFERENCED_MIN_AGE + HISTORY_SWEEP_SECONDS + STOP_TO_CHECK_SECONDS)
     found = table.arrow_filesystem().get_file_info(
         pafs.FileSelector(table.fs_path, allow_not_found=True)
     )

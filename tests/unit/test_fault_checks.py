@@ -139,12 +139,19 @@ def test_a_history_file_awaiting_its_sweep_is_no_orphan_but_an_old_one_is(
     root = Location(str(tmp_path / "root"))
     history = root.child("lineages/lin/history")
     CheckpointHistory(history).append([record_from_progress(_progress(0), commit_seq=0)])
+    from streamkeeper.runtime.supervisor import HISTORY_SWEEP_SECONDS
+    from tests.support.fault_checks import STOP_TO_CHECK_SECONDS
+
     folder = Path(history.uri)
-    young, old = folder / "part-young.parquet", folder / "part-old.parquet"
-    for path in (young, old):
-        path.write_bytes(b"PAR1")
-    aged = time.time() - UNREFERENCED_MIN_AGE - 60
-    os.utime(old, (aged, aged))
+    names = ("part-young.parquet", "part-of-age-at-the-stop.parquet", "part-old.parquet")
+    for name in names:
+        (folder / name).write_bytes(b"PAR1")
+    # Of sweeping age only around the jobs' stop: no runner was left to sweep it.
+    at_stop = time.time() - UNREFERENCED_MIN_AGE - 60
+    os.utime(folder / names[1], (at_stop, at_stop))
+    # Of sweeping age for longer than a sweep period before the jobs stopped: an orphan.
+    old = time.time() - (UNREFERENCED_MIN_AGE + HISTORY_SWEEP_SECONDS + STOP_TO_CHECK_SECONDS) - 60
+    os.utime(folder / names[2], (old, old))
     orphans = find_orphans(root, [history], [])
-    assert orphans[AWAITING_SWEEP] == [f"{history.uri}/part-young.parquet"]
+    assert orphans[AWAITING_SWEEP] == [f"{history.uri}/{n}" for n in sorted(names[:2])]
     assert orphans["files"] == [f"{history.uri}/part-old.parquet"]
