@@ -6,8 +6,6 @@ Each structure below used to grow by an entry per batch for the driver's whole l
 
 from __future__ import annotations
 
-import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,9 +18,8 @@ from streamkeeper.lineage.control import ControlPlane, Fence
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.observability.history import CheckpointHistory
 from streamkeeper.observability.progress import RunProgress
-from streamkeeper.runtime.supervisor import QuerySupervisor
 from streamkeeper.storage import LocalStore, Location
-from tests.unit.test_client import _progress
+from tests.unit.test_history_upkeep import _Progress, _Query, _supervisor
 
 
 def _coordinator(tmp_path: Path) -> CommitCoordinator:
@@ -57,34 +54,12 @@ def test_the_coordinator_keeps_the_facts_and_delays_of_the_newest_batches(
     assert coordinator.stats.committed == 30  # counted, all of them
 
 
-class _Report:
-    def __init__(self, batch: int) -> None:
-        self.json = json.dumps(_progress(batch))
-
-
-class _Query:
-    def __init__(self) -> None:
-        self.recentProgress: list[_Report] = []
-
-
-class _Facts:
-    def checkpoint_facts(self, batch: int) -> dict:
-        return {"commit_seq": batch}
-
-
 def test_the_supervisor_remembers_only_the_batches_spark_still_reports(tmp_path: Path) -> None:
     history = CheckpointHistory(Location(str(tmp_path)).child("history"))
     query = _Query()
-    supervisor = QuerySupervisor(
-        query=query,  # type: ignore[arg-type]
-        coordinator=_Facts(),  # type: ignore[arg-type]
-        health=None,  # type: ignore[arg-type]
-        history=history,
-        timeout=60.0,
-        stop_requested=threading.Event(),
-    )
+    supervisor = _supervisor(history, query, kept=None, every=100)
     for batch in range(12):
-        query.recentProgress = [_Report(b) for b in range(max(0, batch - 3), batch + 1)]
+        query.recentProgress = [_Progress(b) for b in range(max(0, batch - 3), batch + 1)]
         supervisor._flush_history()
 
     assert supervisor._recorded == {8, 9, 10, 11}  # Spark's window, not the driver's life
