@@ -223,6 +223,7 @@ class StreamkeeperClient:
             interval=float((beat or {}).get("interval") or record.interval),
             timeout=float((beat or {}).get("timeout") or record.timeout),
             now=now,
+            rewind_pending=self.store.read_json(layout.rewind_pending),
         )
 
     def history(self, job: str, last: int | None = 20) -> list[Checkpoint]:

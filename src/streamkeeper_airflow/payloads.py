@@ -23,6 +23,7 @@ _STATUS_FIELDS = (
     "last_committed_batch",
     "last_commit_at",
     "consecutive_failures",
+    "rewind_pending",
     "checked_at",
 )
 _RUNNER_FIELDS = ("state", "reason", "pid", "host", "epoch", "heartbeat_at", "run_token")

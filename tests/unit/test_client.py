@@ -31,7 +31,7 @@ STATUS_FIELDS = {
     "job", "lineage", "root", "state", "healthy", "reason", "last_committed_seq",
     "last_committed_batch", "last_commit_at", "runner", "pending_commits",
     "consecutive_failures", "tolerable_failures", "failed_checkpoints", "last_failure",
-    "tables", "checked_at",
+    "rewind_pending", "tables", "checked_at",
 }  # fmt: skip
 RUNNER_FIELDS = {"state", "reason", "pid", "host", "epoch", "heartbeat_at", "run_token"}
 CHECKPOINT_FIELDS = {
@@ -302,6 +302,19 @@ def test_cli_status_table_shows_the_head_and_the_runner(root: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "last committed checkpoint (seq) │ 39" in result.stdout
     assert "FINISHED" in result.stdout and "all input processed" in result.stdout
+
+
+def test_status_names_a_rollback_left_halfway_and_what_to_do(root: Path) -> None:
+    assert StreamkeeperClient(str(root)).status(JOB, now=NOW).rewind_pending is None
+    pending = {"savepoint": "sp-0042", "epoch": 7, "at": NOW - 60}
+    LocalStore(root).write_json(f"jobs/{JOB}/rewind-pending.json", pending)
+
+    result = _cli("status", JOB, "--root", str(root), "--json", "--check")
+    assert result.exit_code == 1  # STOPPED, but no start but the savepoint's may run
+    data = json.loads(result.stdout)
+    assert (data["state"], data["healthy"], data["rewind_pending"]) == ("STOPPED", False, pending)
+    table = _cli("status", JOB, "--root", str(root)).stdout
+    assert "rollback left halfway" in table and "--from-savepoint sp-0042" in table
 
 
 def test_cli_unknown_job_is_exit_2_naming_the_real_ones(root: Path) -> None:

@@ -6,6 +6,7 @@ import datetime as dt
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from streamkeeper.observability.health import ago
@@ -62,6 +63,8 @@ def status_table(report: StatusReport) -> Table:
         ("failed checkpoints", _text(report.failed_checkpoints)),
         ("last failure", _text(report.last_failure)),
     ]
+    if report.rewind_advice is not None:
+        rows.insert(2, ("rollback left halfway", f"[bold red]{escape(report.rewind_advice)}[/]"))
     rows += [(f"table {name}", uri) for name, uri in sorted(report.tables.items())]
     for label, value in rows:
         table.add_row(label, value)

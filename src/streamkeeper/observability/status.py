@@ -85,10 +85,25 @@ class StatusReport:
     tolerable_failures: int | None = None
     failed_checkpoints: int | None = None
     last_failure: str | None = None
+    # A rollback that restored the tables and did not finish: {savepoint, epoch, at}.
+    rewind_pending: dict[str, Any] | None = None
 
     @property
     def healthy(self) -> bool:
-        return self.state in ("RUNNING", "STOPPED")
+        """RUNNING or STOPPED, and no rollback left halfway (only its savepoint may start)."""
+        return self.state in ("RUNNING", "STOPPED") and self.rewind_pending is None
+
+    @property
+    def rewind_advice(self) -> str | None:
+        """What to do about a rollback left halfway, or None."""
+        if self.rewind_pending is None:
+            return None
+        savepoint = self.rewind_pending.get("savepoint")
+        return (
+            f"a rollback restored the tables to savepoint {savepoint} and did not finish: "
+            f"run the rollback again, or start from it (--from-savepoint {savepoint} "
+            "--allow-rewind --takeover); any other start is refused"
+        )
 
     def to_json(self) -> dict[str, Any]:
         head = self.head
@@ -108,6 +123,7 @@ class StatusReport:
             "tolerable_failures": self.tolerable_failures,
             "failed_checkpoints": self.failed_checkpoints,
             "last_failure": self.last_failure,
+            "rewind_pending": self.rewind_pending,
             "tables": dict(self.tables),
             "checked_at": self.checked_at,
         }
@@ -128,6 +144,7 @@ def build_status(
     interval: float,
     timeout: float,
     now: float,
+    rewind_pending: dict[str, Any] | None = None,
 ) -> StatusReport:
     """Assess a job from its heartbeat, its lineage head and its latest history rows."""
     assessed = assess(
@@ -154,4 +171,5 @@ def build_status(
         tolerable_failures=beat.get("tolerable_failures"),
         failed_checkpoints=beat.get("failed_checkpoints"),
         last_failure=beat.get("last_failure"),
+        rewind_pending=rewind_pending,
     )

@@ -57,7 +57,8 @@ class JobHealthOperator(BaseOperator):
         payload = status_payload(report)
         self.log.info("job %s is %s: %s", self.job, report.state, report.reason)
         if not report.healthy:
-            raise AirflowFailException(f"job {self.job!r} is {report.state}: {report.reason}")
+            why = report.rewind_advice or report.reason
+            raise AirflowFailException(f"job {self.job!r} is {report.state}: {why}")
         return payload
 
     def _reset_backoff(self, report: StatusReport) -> None:
