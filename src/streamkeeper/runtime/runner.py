@@ -148,6 +148,7 @@ class JobRunner:
         self._stop_savepoint: str | None = None
         self._schemas: dict[str, Any] | None = None  # set by warm_up
         self._probed = False
+        self._rewind_pending: dict[str, Any] | None = None  # set by _check_rewind_pending
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
@@ -155,6 +156,7 @@ class JobRunner:
         self._install_stop_signal()
         self._probe()
         self._check_restore_options()
+        self._check_rewind_pending()
         spark, output, schemas = self.warm_up()
         if self._restore is not None and self._restore.manifest.format == "native":
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
@@ -215,10 +217,10 @@ class JobRunner:
             probe(self.paths.root)
             self._probed = True
 
-    def _check_restore_options(self) -> None:
-        """Every restore option checked, and the savepoint found and checked: reads only."""
-        self._check_restore_options_alone()
-        pending = self.store.read_json(self.paths.layout.rewind_pending)
+    def _check_rewind_pending(self) -> None:
+        """A rollback that restored the tables and did not finish: only the start from its
+        savepoint may run (state the tables no longer hold would otherwise run on them)."""
+        self._rewind_pending = pending = self.store.read_json(self.paths.layout.rewind_pending)
         restoring = None if self._restore is None else self._restore.manifest.id
         if pending is not None and pending.get("savepoint") != restoring:
             savepoint = pending.get("savepoint")
@@ -231,15 +233,21 @@ class JobRunner:
             )
 
     def _clear_rewind_pending(self) -> None:
-        """The start from the rolled-back-to savepoint holds its state and owns the tables."""
+        """The start from the rolled-back-to savepoint holds its state and owns the tables.
+
+        Read again, now that this runner holds the lineage: a rollback that ran since the
+        check may have recorded another savepoint, which is not this start's to clear.
+        """
+        if self._rewind_pending is None:
+            return  # none at the check: nothing of this start's to clear
         layout = self.paths.layout
         pending = self.store.read_json(layout.rewind_pending)
-        if pending is not None and self._restore is not None:
-            if pending.get("savepoint") == self._restore.manifest.id:
-                self.store.delete([layout.rewind_pending])
-                log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
+        if pending is not None and pending.get("savepoint") == self._rewind_pending["savepoint"]:
+            self.store.delete([layout.rewind_pending])
+            log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
 
-    def _check_restore_options_alone(self) -> None:
+    def _check_restore_options(self) -> None:
+        """Every restore option checked, and the savepoint found and checked: reads only."""
         options = self.options
         if options.from_checkpoint is not None and options.from_savepoint is not None:
             raise SavepointError(
