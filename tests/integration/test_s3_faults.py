@@ -29,6 +29,26 @@ def proxy(seaweed: object, s3_env: dict[str, str]) -> Iterator[S3FaultProxy]:
         yield running
 
 
+def _start_through(proxy: S3FaultProxy, script: str, *args: str) -> subprocess.Popen[str]:
+    """Run `script` in its own process against the proxy, once it prints "ready".
+
+    Its own process, as a driver is: delta-rs holds the GIL while it waits for S3, so a
+    proxy thread in the same process could never answer. The script then waits for a
+    line on stdin: the test installs its faults first.
+    """
+    env = {**driver_env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stdin is not None
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
 def _through(proxy: S3FaultProxy, uri: str) -> Location:
     settings = S3Settings.from_env()
     return Location(
@@ -79,21 +99,11 @@ print(json.dumps({"version": TableCommitter(target, epoch=1).commit(part, seq=7)
 def test_a_commit_whose_response_is_lost_is_not_repeated(
     proxy: S3FaultProxy, tmp_path: Path
 ) -> None:
-    # The committer runs in its own process, as a driver does: delta-rs holds the GIL
-    # while it waits for S3, so a proxy thread in the same process could never answer.
     uri = f"s3://{S3_BUCKET}/lost-{uuid.uuid4().hex[:8]}"
     local = tmp_path / "rows.parquet"
     schema = pa.schema([("key", pa.string()), ("n", pa.int64())])
     pq.write_table(pa.table({"key": ["a", "b"], "n": [1, 2]}, schema=schema), local)
-    env = {**driver_env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
-    committer = subprocess.Popen(
-        [sys.executable, "-c", COMMIT_THROUGH_PROXY, uri, str(local)],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert committer.stdout.readline().strip() == "ready"
+    committer = _start_through(proxy, COMMIT_THROUGH_PROXY, uri, str(local))
     # Every write to the Delta log lands, and its answer is lost.
     proxy.set_faults(FaultPlan([Fault("reset_after_apply", 1.0, {"PUT"}, r"_delta_log/")]))
     out, _ = committer.communicate("go\n", timeout=120)
@@ -174,16 +184,8 @@ def test_a_failed_history_append_leaves_a_file_that_the_sweep_removes(
         files = {k for k in table.store().list("") if not k.startswith("_delta_log/")}
         return files - known_files(table)
 
-    env = {**driver_env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
-    writer = subprocess.Popen(
-        [sys.executable, "-c", HISTORY_THROUGH_PROXY, uri],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    writer = _start_through(proxy, HISTORY_THROUGH_PROXY, uri)
     assert writer.stdout is not None and writer.stdin is not None
-    assert writer.stdout.readline().strip() == "ready"
     # Every write to the history's Delta log fails (not applied): the commit never lands.
     proxy.set_faults(FaultPlan([Fault("error_503", 1.0, {"PUT"}, r"history/_delta_log/")]))
     writer.stdin.write("\n")
@@ -243,15 +245,7 @@ def test_a_restore_whose_response_is_lost_is_made_again(proxy: S3FaultProxy) -> 
     landed and its answer was lost, and the rollback failed halfway through its tables
     (found by the fault run). The restore is retried, and a second one is harmless."""
     uri = f"s3://{S3_BUCKET}/restore-{uuid.uuid4().hex[:8]}"
-    env = {**driver_env(), "AWS_ENDPOINT_URL": proxy.endpoint_url}
-    restorer = subprocess.Popen(
-        [sys.executable, "-c", RESTORE_THROUGH_PROXY, uri],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert restorer.stdout.readline().strip() == "ready"
+    restorer = _start_through(proxy, RESTORE_THROUGH_PROXY, uri)
     # The RESTORE's log entry (version 3) lands, and every answer to it is lost.
     proxy.set_faults(FaultPlan([Fault("reset_after_apply", 1.0, {"PUT"}, r"_delta_log/0+3\.json")]))
     out, _ = restorer.communicate("go\n", timeout=120)
