@@ -18,6 +18,7 @@ ENVIRONMENT_VARIABLE = "STREAMKEEPER_INJECT"
 
 Handler = Callable[..., None]
 _handlers: dict[str, list[Handler]] = {}
+_loaded_from_environment = False
 
 
 def register(point: str, handler: Handler) -> None:
@@ -26,8 +27,10 @@ def register(point: str, handler: Handler) -> None:
 
 
 def clear() -> None:
-    """Forget every handler."""
+    """Forget every handler (the environment's module is installed again when asked)."""
+    global _loaded_from_environment
     _handlers.clear()
+    _loaded_from_environment = False
 
 
 def reached(point: str, **context: Any) -> None:
@@ -37,9 +40,12 @@ def reached(point: str, **context: Any) -> None:
 
 
 def load_from_environment() -> None:
-    """Import the module named by STREAMKEEPER_INJECT and call its `install()`."""
+    """Import the module named by STREAMKEEPER_INJECT and call its `install()`, once per
+    process (a driver calls it at start; an Airflow task that rolls back, at its first step).
+    """
+    global _loaded_from_environment
     module_name = os.environ.get(ENVIRONMENT_VARIABLE)
-    if not module_name:
+    if not module_name or _loaded_from_environment:
         return
     try:
         module = importlib.import_module(module_name)
@@ -49,3 +55,4 @@ def load_from_environment() -> None:
             "or put the module on PYTHONPATH"
         ) from None
     module.install()
+    _loaded_from_environment = True

@@ -6,8 +6,9 @@ in-process test calls `install()` itself. Each variable is read when its point i
 reached, so a test may change it between runs:
 
 - `STREAMKEEPER_CRASH_AT=point[:n]` — SIGKILL this process the n-th time (default 1st)
-  it reaches a crash point of the commit protocol (`streamkeeper.commit.crashpoints`) or
-  of taking, deleting and restoring savepoints (`streamkeeper.snapshots.savepoint_points`).
+  it reaches a crash point of the commit protocol (`streamkeeper.commit.crashpoints`),
+  of taking, deleting and restoring savepoints (`streamkeeper.snapshots.savepoint_points`),
+  or of a handover or a rollback (`streamkeeper.upgrade.points`).
 - `STREAMKEEPER_SLOW_BATCHES=1,2:2.5` — batches 1 and 2 take 2.5 s longer.
 - `STREAMKEEPER_FAIL_BATCHES=3` — the first attempt of batch 3 raises (its replay succeeds).
 - `STREAMKEEPER_FAIL_UPLOADS=2` — the first 2 checkpoint uploads raise.
@@ -23,8 +24,9 @@ import time
 from streamkeeper import injection
 from streamkeeper.commit.crashpoints import POINTS as COMMIT_POINTS
 from streamkeeper.snapshots.savepoint_points import POINTS as SAVEPOINT_POINTS
+from streamkeeper.upgrade.points import POINTS as LIFECYCLE_POINTS
 
-POINTS = COMMIT_POINTS + SAVEPOINT_POINTS
+POINTS = COMMIT_POINTS + SAVEPOINT_POINTS + LIFECYCLE_POINTS
 
 _failed_batches: set[int] = set()
 _failed_uploads = 0

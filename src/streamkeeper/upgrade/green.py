@@ -32,6 +32,7 @@ from streamkeeper.runtime.runner import JobRunner, RunOptions, RunResult, run_jo
 from streamkeeper.snapshots.savepoint_manifest import SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointRegistry
 from streamkeeper.spec import JobSpec
+from streamkeeper.upgrade import points
 from streamkeeper.upgrade.record import UpgradeError, UpgradeRecord, UpgradeRecords
 from streamkeeper.upgrade.shadow import shadow_spec
 
@@ -113,6 +114,7 @@ def _hand_over(
     runner.warm_up()
     client = StreamkeeperClient(resolve_paths(spec).root.uri)
     fmt = record.green.get("format", "canonical")
+    points.reached("handover_before_blue_stop")
     try:
         command = client.send_command(
             spec.name, "stop", format=fmt, savepoint=True, command_id=f"stop-{record.id}"
@@ -128,10 +130,12 @@ def _hand_over(
         _fail(records, record, reason)
         raise UpgradeError(f"upgrade {record.id!r}: {reason}")
     stopped = time.time()
+    points.reached("handover_after_stop_result")
     archive = None
     if live_dir == blue_dir and blue_dir.exists():
         archive = Path(f"{blue_dir}.{record.id}.blue")
         os.replace(blue_dir, archive)  # blue's own folder, kept as it stopped
+    points.reached("handover_after_move")
     manifest = SavepointPlace(
         client.store, f"lineages/{record.lineage}/savepoints/{result.savepoint_id}"
     ).read()
@@ -162,6 +166,7 @@ def _hand_over(
         manifest.seq,
         stopped - started,
     )
+    points.reached("handover_after_live")
     runner.options = replace(runner.options, from_savepoint=manifest.id)
     return runner.run()
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamkeeper import injection
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper.commit.tables import TableTarget, fence_table, restore_table
 from streamkeeper.errors import StreamkeeperError
@@ -31,6 +32,7 @@ from streamkeeper.lineage.markers import marker_seqs_after
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointRegistry, check_savepoint_id
 from streamkeeper.storage import Location
+from streamkeeper.upgrade import points
 from streamkeeper.upgrade.compare import Comparison, SinkSide, compare_outputs
 from streamkeeper.upgrade.record import UpgradeError, UpgradeRecord, UpgradeRecords
 from streamkeeper.upgrade.shadow import shadow_job_name, shadow_table
@@ -317,21 +319,34 @@ def restore_tables(
             f"savepoint {manifest.id!r} recorded no table version for {', '.join(missing)}: "
             "it cannot be a rollback target; pick a later savepoint"
         )
+    injection.load_from_environment()  # an Airflow task's process: the chaos tests' faults
     layout = LineageLayout(client.location, manifest.lineage, job)
     lease = ControlPlane(client.store, layout).acquire(takeover=True)
     # Before the first table changes: a start that is not from this savepoint is refused
     # until one from it has run, so a rollback failing halfway cannot be resumed past.
     pending = {"savepoint": manifest.id, "epoch": lease.epoch, "at": time.time()}
     client.store.write_json(layout.rewind_pending, pending)
-    restored: dict[str, dict[str, int | None]] = {}
-    for name, seq in manifest.tables.items():
-        location = Location(seq.table, client.location.s3)
-        target = TableTarget(name, location, layout.data_app_id(name), layout.fence_app_id())
+    targets = {
+        name: TableTarget(
+            name,
+            Location(seq.table, client.location.s3),
+            layout.data_app_id(name),
+            layout.fence_app_id(),
+        )
+        for name, seq in manifest.tables.items()
+    }
+    for target in targets.values():
         fence_table(target, lease.epoch)
+    points.reached("rollback_after_fence")
+    restored: dict[str, dict[str, int | None]] = {}
+    for index, (name, target) in enumerate(targets.items()):
+        if index > 0:
+            points.reached("rollback_between_restores")
+        version = int(manifest.tables[name].version)  # type: ignore[arg-type]
         before = target.open().version()
-        now = restore_table(target, int(seq.version))  # type: ignore[arg-type]
-        restored[name] = {"from": before, "to": seq.version, "now": now}
-        log.info("table %s restored to version %s (was %d)", seq.table, seq.version, before)
+        now = restore_table(target, version)
+        restored[name] = {"from": before, "to": version, "now": now}
+        log.info("table %s restored to version %s (was %d)", target.location.uri, version, before)
     return TablesRestored(lease.epoch, restored)
 
 

@@ -615,6 +615,7 @@ class RollbackOperator(StartJobOperator):
         self.of_upgrade = of_upgrade
 
     def execute(self, context: Context) -> Any:
+        from streamkeeper.upgrade import points
         from streamkeeper.upgrade.record import UpgradeRecords
         from streamkeeper_airflow.starts import latest_launch
 
@@ -643,6 +644,7 @@ class RollbackOperator(StartJobOperator):
                 records.advance(
                     record.id, ("live", "rolling_back"), "rolling_back", rollback=restored
                 )
+        points.reached("rollback_before_restart")
         self.start_from = "savepoint"
         self.takeover = True
         return super().execute(context)
