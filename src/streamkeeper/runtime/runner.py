@@ -12,9 +12,10 @@ Order of a start (each step safe to crash in, see commit/PROTOCOL.md):
    so an older runner's in-flight commit is refused by the table itself;
 4. finish what older runners left of savepoints; restore an externalized checkpoint
    (--from-checkpoint) or a native savepoint (--from-savepoint, checked in step 1),
-   claim the checkpoint index; 5. recover the WAL against the commit log; 6. run the
-   query with the commit coordinator, the supervisor, the heartbeat and the commands
-   executor (savepoint, stop, cancel: runtime/commands.py).
+   claim the checkpoint index; 5. recover the WAL against the commit log (steps 1-5
+   are Spark-free: `ownership.LineageStart`); 6. run the query with the commit
+   coordinator, the supervisor, the heartbeat and the commands executor (savepoint,
+   stop, cancel: runtime/commands.py).
 
 From step 2 on every side effect passes the `Fence`: a runner that learns it is fenced
 (from a check, a table, or its heartbeat) stops at once and fails with FencedError; it
@@ -29,51 +30,27 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamkeeper import injection
 from streamkeeper.commit.batch import BatchContext, BatchWriter
 from streamkeeper.commit.coordinator import CommitCoordinator
-from streamkeeper.commit.maintenance import (
-    MaintenancePolicy,
-    ProtectedVersions,
-    TableMaintenance,
-    lineage_protected_seqs,
-)
-from streamkeeper.commit.recovery import RecoveryReport, recover
-from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
-from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
-from streamkeeper.commit.wal import WriteAheadLog
-from streamkeeper.errors import (
-    FencedError,
-    IncompatibleSavepointError,
-    QueryFailedError,
-    RewindPendingError,
-    SavepointError,
-)
+from streamkeeper.commit.recovery import RecoveryReport
+from streamkeeper.errors import FencedError, QueryFailedError
 from streamkeeper.lineage.commands import Command, CommandBox
 from streamkeeper.lineage.control import ControlPlane, Fence
 from streamkeeper.lineage.heartbeat import Heartbeat
-from streamkeeper.lineage.markers import latest_marker
 from streamkeeper.observability.health import CheckpointHealth
 from streamkeeper.observability.history import CheckpointHistory
-from streamkeeper.observability.progress import ProgressListener
 from streamkeeper.runtime.commands import CommandExecutor, Outcome
 from streamkeeper.runtime.job import JobPaths, build_output, check_tables, resolve_paths
+from streamkeeper.runtime.options import RunOptions
+from streamkeeper.runtime.ownership import LineageStart
 from streamkeeper.runtime.savepointing import QueryAttempt, SavepointRequest, SavepointTaker
 from streamkeeper.runtime.session import build_session
 from streamkeeper.runtime.supervisor import QuerySupervisor
 from streamkeeper.snapshots import savepoint_points
-from streamkeeper.snapshots.externalized import CheckpointUploader, ExternalizedCheckpoints
-from streamkeeper.snapshots.restore import check_restorable, restore_checkpoint
-from streamkeeper.snapshots.savepoint_disposal import sweep_savepoints
-from streamkeeper.snapshots.savepoint_restore import (
-    RestorePlan,
-    plan_restore,
-    restore_canonical,
-    restore_native,
-)
+from streamkeeper.snapshots.savepoint_restore import restore_canonical
 from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.spec import JobSpec
 from streamkeeper.storage import probe
@@ -85,29 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["JobPaths", "JobRunner", "RunOptions", "RunResult", "resolve_paths", "run_job"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to run a job, beyond its spec."""
-
-    master: str | None = None
-    available_now: bool = False  # process what is available, then stop (Trigger.AvailableNow)
-    takeover: bool = False
-    spec_dir: Path = Path(".")
-    from_checkpoint: str | None = None  # restore this externalized checkpoint first: latest|id
-    progress: ProgressListener | None = None  # shown on a terminal by the CLI
-    # Who started this run (e.g. an Airflow task): recorded in the heartbeat and the job
-    # record, so a retried starter finds the driver it launched instead of starting another.
-    run_token: str | None = None
-    from_savepoint: str | None = None  # restore this savepoint first: an id, or a copied folder
-    allow_rewind: bool = False  # restore a savepoint the lineage's head is past
-    uid_mapping: dict[str, str] = field(default_factory=dict)  # canonical: old uid -> new
-    allow_non_restored_state: bool = False  # canonical: state of operators the job lost
-    command_poll_interval: float = 1.0  # how often the commands folder is listed
-    # An upgrade's shadow run: (job, lineage) of the running version, whose savepoint
-    # (a folder path) it starts from (streamkeeper.upgrade).
-    shadow_of: tuple[str, str] | None = None
 
 
 @dataclass
@@ -137,8 +91,7 @@ class JobRunner:
         self._query: StreamingQuery | None = None
         self._coordinator: CommitCoordinator | None = None
         self._supervisor: QuerySupervisor | None = None
-        self._checkpoints: ExternalizedCheckpoints | None = None
-        self._restore: RestorePlan | None = None
+        self._start: LineageStart | None = None  # set by run
         self._spark: Any = None
         self._output: Any = None
         self._commands: CommandExecutor | None = None
@@ -148,41 +101,33 @@ class JobRunner:
         self._stop_savepoint: str | None = None
         self._schemas: dict[str, Any] | None = None  # set by warm_up
         self._probed = False
-        self._rewind_pending: dict[str, Any] | None = None  # set by _check_rewind_pending
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
         # job once it is safe (before its query starts), rather than killing it mid-step.
         self._install_stop_signal()
         self._probe()
-        self._check_restore_options()
-        self._check_rewind_pending()
+        self._start = start = LineageStart(self.spec, self.options, self.paths)
+        start.check()
         spark, output, schemas = self.warm_up()
-        if self._restore is not None and self._restore.manifest.format == "native":
+        if start.restore is not None and start.restore.manifest.format == "native":
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
 
-            check_topology(self._restore.manifest, planned_operators(spark, output))
+            check_topology(start.restore.manifest, planned_operators(spark, output))
         self._restore_canonical()
-        self.fence = fence = Fence(
-            self.control, self.control.acquire(takeover=self.options.takeover)
-        )
-        log.info("took epoch %d of lineage %s", fence.epoch, self.paths.layout.lineage)
+        self.fence = fence = start.take()
         health = CheckpointHealth(self.spec.checkpoint.tolerable_failures)
         heartbeat = Heartbeat(
             self.control, fence, lambda: self._facts(health), on_fenced=self._on_fenced
         )
         heartbeat.start()
         try:
-            self._write_job_record()
-            self._prepare_tables(schemas)
-            self._sweep_savepoints()
-            self._externalize()
-            self._clear_rewind_pending()
+            start.own(schemas)
             self._start_commands(spark)
             result = self._run_attempts(output, health)
             fence.check()
-            if self._checkpoints is not None:
-                self._checkpoints.on_stop(cancelled=self._cancelled)
+            if start.checkpoints is not None:
+                start.checkpoints.on_stop(cancelled=self._cancelled)
         except BaseException as error:
             failure = _as_fenced(error)
             reason = f"{type(failure).__name__}: {failure}"
@@ -217,96 +162,6 @@ class JobRunner:
             probe(self.paths.root)
             self._probed = True
 
-    def _check_rewind_pending(self) -> None:
-        """A rollback that restored the tables and did not finish: only the start from its
-        savepoint may run (state the tables no longer hold would otherwise run on them)."""
-        self._rewind_pending = pending = self.store.read_json(self.paths.layout.rewind_pending)
-        restoring = None if self._restore is None else self._restore.manifest.id
-        if pending is not None and pending.get("savepoint") != restoring:
-            savepoint = pending.get("savepoint")
-            raise RewindPendingError(
-                f"job {self.spec.name!r}: a rollback restored its tables to savepoint "
-                f"{savepoint!r} and did not finish; a start from "
-                f"{'its head' if restoring is None else repr(restoring)} would run state "
-                "the tables no longer hold. Run the rollback again, or start from that "
-                f"savepoint: --from-savepoint {savepoint} --allow-rewind --takeover"
-            )
-
-    def _clear_rewind_pending(self) -> None:
-        """The start from the rolled-back-to savepoint holds its state and owns the tables.
-
-        Read again, now that this runner holds the lineage: a rollback that ran since the
-        check may have recorded another savepoint, which is not this start's to clear.
-        """
-        if self._rewind_pending is None:
-            return  # none at the check: nothing of this start's to clear
-        layout = self.paths.layout
-        pending = self.store.read_json(layout.rewind_pending)
-        if pending is not None and pending.get("savepoint") == self._rewind_pending["savepoint"]:
-            self.store.delete([layout.rewind_pending])
-            log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
-
-    def _check_restore_options(self) -> None:
-        """Every restore option checked, and the savepoint found and checked: reads only."""
-        options = self.options
-        if options.from_checkpoint is not None and options.from_savepoint is not None:
-            raise SavepointError(
-                "--from-checkpoint and --from-savepoint exclude each other; pass one"
-            )
-        if options.from_checkpoint is not None:
-            check_restorable(
-                self.store, self.paths.layout, self.paths.checkpoint_dir, options.from_checkpoint
-            )
-        if options.from_savepoint is None:
-            if options.uid_mapping or options.allow_non_restored_state or options.allow_rewind:
-                raise SavepointError(
-                    "--uid-mapping, --allow-non-restored-state and --allow-rewind apply to "
-                    "a restore from a savepoint; add --from-savepoint ID, or drop them"
-                )
-            return
-        self._restore = plan = plan_restore(
-            self.paths.root,
-            self.paths.layout,
-            options.from_savepoint,
-            self.paths.checkpoint_dir,
-            head_seq=self._committed_seq(),
-            allow_rewind=options.allow_rewind,
-            shadow_of=options.shadow_of,
-        )
-        native = plan.manifest.format == "native"
-        if native and (options.uid_mapping or options.allow_non_restored_state):
-            raise SavepointError(
-                f"savepoint {plan.manifest.id!r} is native: it restores into the same "
-                "operators, so --uid-mapping and --allow-non-restored-state do not apply; "
-                "drop them, or restore a canonical savepoint"
-            )
-        backend = self.spec.state_backend.type
-        if native and plan.manifest.state_backend != backend:
-            # Spark keeps the provider its checkpoint names: the spec's would be ignored.
-            raise IncompatibleSavepointError(
-                f"savepoint {plan.manifest.id!r} is native, with state backend "
-                f"{plan.manifest.state_backend!r}; this spec's state_backend.type is "
-                f"{backend!r}, which Spark would silently ignore. Take a canonical savepoint "
-                f"(--format canonical) to move the state into {backend!r}, or keep "
-                f"state_backend.type: {plan.manifest.state_backend}"
-            )
-        uids = sorted(op.uid for op in plan.manifest.operators)
-        unknown = sorted(set(options.uid_mapping) - set(uids))
-        if unknown:  # before Spark starts
-            raise IncompatibleSavepointError(
-                f"--uid-mapping renames {unknown}, which savepoint {plan.manifest.id!r} does "
-                f"not have; its uids are {uids}: map those (`streamkeeper savepoints "
-                f"describe {plan.manifest.id}`)"
-            )
-        if plan.rewinds:
-            log.warning(
-                "restoring savepoint %s rewinds lineage %s to seq %d: the batches after it "
-                "run again (--allow-rewind)",
-                plan.manifest.id,
-                self.paths.layout.lineage,
-                plan.manifest.seq,
-            )
-
     def _restore_canonical(self) -> None:
         """Write a canonical savepoint's state into the checkpoint directory, before the
         epoch is taken.
@@ -316,7 +171,8 @@ class JobRunner:
         changed nothing: no epoch, no heartbeat, no table fenced. A start that fails after
         it (a live runner, say) resumes from the directory: its marker names the savepoint.
         """
-        plan = self._restore
+        assert self._start is not None
+        plan = self._start.restore
         if plan is None or plan.already_restored or plan.manifest.format != "canonical":
             return
         options = self.options
@@ -329,16 +185,7 @@ class JobRunner:
             uid_mapping=options.uid_mapping,
             allow_non_restored_state=options.allow_non_restored_state,
         )
-        self._restore = replace(plan, already_restored=True)
-
-    def _committed_seq(self) -> int | None:
-        """The highest seq the lineage committed anywhere (None if it never did); reads only."""
-        targets = self.paths.targets.values()
-        committed = [t.committed_seq() for t in targets if t.exists()]
-        near = max(committed, default=-1)
-        head = latest_marker(self.store, self.paths.layout, near=near if near >= 0 else None)
-        seen = [*committed, -1 if head is None else int(head["seq"])]
-        return max(seen) if max(seen) >= 0 else None
+        self._start.restore = replace(plan, already_restored=True)
 
     def _answer_stop(self, ok: bool, reason: str) -> None:
         """Answer the stop or cancel command under way, if any (never fails the run)."""
@@ -363,94 +210,6 @@ class JobRunner:
 
     # -- start-up, after the epoch is ours -------------------------------------------
 
-    def _write_job_record(self) -> None:
-        """What any reader (CLI, Airflow) needs to find this job's lineage and tables."""
-        assert self.fence is not None
-        checkpoint = self.spec.checkpoint
-        record = {
-            "job": self.spec.name,
-            "lineage": self.paths.layout.lineage,
-            "root": self.paths.root.uri,
-            "checkpoint_dir": str(self.paths.checkpoint_dir),
-            "interval": checkpoint.interval,
-            "timeout": checkpoint.timeout,
-            "max_concurrent": checkpoint.max_concurrent,
-            "tables": {
-                sink.name: {
-                    "table": self.paths.targets[sink.name].location.uri,
-                    "output": sink.output,
-                    "mode": self.spec.sink_mode(sink),
-                }
-                for sink in self.spec.sinks
-            },
-            "started_at": self.fence.lease.started_at,
-            "run_token": self.options.run_token,
-            # Savepoint retention never deletes the savepoint a job was restored from.
-            "restored_from_savepoint": None if self._restore is None else self._restore.reference(),
-        }
-        self.control.write_owned(self.paths.layout.job_record, self.fence.lease, record)
-
-    def _prepare_tables(self, schemas: dict[str, Any]) -> None:
-        """Create missing tables, record this lineage as a writer, commit our epoch."""
-        assert self.fence is not None
-        for sink in self.spec.sinks:
-            target = self.paths.targets[sink.name]
-            self.fence.check()
-            ensure_table(target, schemas[sink.name])
-            claim_table(target, self.spec.name, sink.shared)
-            try:
-                fence_table(target, self.fence.epoch)
-            except FencedError as error:
-                self.fence.mark_fenced(error)
-                raise
-        log.info(
-            "tables ready and fenced at epoch %d: %s",
-            self.fence.epoch,
-            {n: t.location.uri for n, t in self.paths.targets.items()},
-        )
-
-    def _sweep_savepoints(self) -> None:
-        """Finish what older runners left half done: savepoints, uploads for savepoints."""
-        assert self.fence is not None
-        self.fence.check()
-        try:
-            sweep_savepoints(self.store, self.paths.layout, self.fence.epoch)
-        except FencedError as error:
-            self.fence.mark_fenced(error)
-            raise
-        index_exists = self.store.exists(self.paths.layout.checkpoint_index)
-        if not self.spec.checkpoint.externalized.enabled and index_exists:
-            # Savepoints uploaded checkpoints to pin them: own the index, sweep leftovers.
-            uploader = CheckpointUploader(
-                self.store, self.paths.layout, self.paths.checkpoint_dir, self.fence.epoch
-            )
-            uploader.take_ownership()
-
-    def _externalize(self) -> None:
-        """Restore an externalized checkpoint or a savepoint if asked; set up uploads."""
-        assert self.fence is not None
-        layout, directory = self.paths.layout, self.paths.checkpoint_dir
-        plan = self._restore
-        if plan is not None and not plan.already_restored:  # native (canonical: done)
-            self.fence.check()
-            restore_native(plan, directory)
-        elif plan is not None:
-            log.info("%s already holds savepoint %s; resuming", directory, plan.manifest.id)
-        if self.options.from_checkpoint is not None:
-            self.fence.check()
-            restore_checkpoint(
-                self.store,
-                layout,
-                directory,
-                self.options.from_checkpoint,
-                progress=None if self.options.progress is None else self.options.progress.restore,
-            )
-        self._checkpoints = ExternalizedCheckpoints.for_spec(
-            self.spec.checkpoint.externalized, self.store, layout, directory, self.fence
-        )
-        if self._checkpoints is not None:
-            self._checkpoints.take_ownership()
-
     def _on_fenced(self, error: FencedError) -> None:
         """The heartbeat found a newer owner: stop the query now; the run fails with it."""
         if self.fence is not None:
@@ -463,8 +222,9 @@ class JobRunner:
         facts = health.facts()
         facts.update(interval=self.spec.checkpoint.interval, timeout=self.spec.checkpoint.timeout)
         facts["run_token"] = self.options.run_token
-        if self._restore is not None:
-            facts["restored_from_savepoint"] = self._restore.manifest.id
+        restore = None if self._start is None else self._start.restore
+        if restore is not None:
+            facts["restored_from_savepoint"] = restore.manifest.id
         if self._coordinator is not None:
             facts.update(self._coordinator.facts())
         if self._supervisor is not None:
@@ -511,51 +271,21 @@ class JobRunner:
         self, output: DataFrame, health: CheckpointHealth
     ) -> tuple[CommitCoordinator, BatchWriter, RecoveryReport]:
         """A fresh coordinator and batch writer, after recovering the WAL."""
-        assert self.fence is not None
-        store, layout, targets = self.store, self.paths.layout, self.paths.targets
-        head, committed = lineage_head(store, layout, targets)
-        coordinator = CommitCoordinator(
-            store=store,
-            layout=layout,
-            wal=WriteAheadLog(store, layout),
-            targets=targets,
-            fence=self.fence,
-            head=head,
-            max_pending=self.spec.checkpoint.max_concurrent,
-            health=health,
-            checkpoints=self._checkpoints,
-            maintenance=self._table_maintenance(),
-        )
-        checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
-        sequence = CommitSequence(initial_sequence(store, layout, targets, (head, committed)))
-        report = recover(coordinator, checkpoint, sequence, self.control)
-        log.info("recovery: %s", report)
+        assert self.fence is not None and self._start is not None
+        coordinator, sequence, report = self._start.attempt(health)
         writer = BatchWriter(
             BatchContext(
                 spec=self.spec,
-                layout=layout,
+                layout=self.paths.layout,
                 coordinator=coordinator,
                 sequence=sequence,
-                checkpoint=checkpoint,
+                checkpoint=SparkCheckpoint(self.paths.checkpoint_dir),
                 fence=self.fence,
                 output_columns=list(output.columns),
             )
         )
         self._coordinator = coordinator
         return coordinator, writer, report
-
-    def _table_maintenance(self) -> TableMaintenance:
-        store, layout, settings = self.store, self.paths.layout, self.spec.maintenance
-        return TableMaintenance(
-            targets=self.paths.targets,
-            shared={sink.name for sink in self.spec.sinks if sink.shared},
-            protected=ProtectedVersions(
-                store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
-            ),
-            policy=MaintenancePolicy(
-                settings.every, settings.history_retention, settings.markers_kept
-            ),
-        )
 
     def _run_query(
         self,
@@ -628,7 +358,7 @@ class JobRunner:
             paths=self.paths,
             fence=self.fence,
             spark=spark,
-            checkpoints=self._checkpoints,
+            checkpoints=None if self._start is None else self._start.checkpoints,
         )
         box = CommandBox(self.store, self.paths.layout)
         self._commands = CommandExecutor(

@@ -1,0 +1,31 @@
+"""How to run a job, beyond its spec (the CLI's and the launchers' options)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamkeeper.observability.progress import ProgressListener
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run a job, beyond its spec."""
+
+    master: str | None = None
+    available_now: bool = False  # process what is available, then stop (Trigger.AvailableNow)
+    takeover: bool = False
+    spec_dir: Path = Path(".")
+    from_checkpoint: str | None = None  # restore this externalized checkpoint first: latest|id
+    progress: ProgressListener | None = None  # shown on a terminal by the CLI
+    # Who started this run (e.g. an Airflow task): recorded in the heartbeat and the job
+    # record, so a retried starter finds the driver it launched instead of starting another.
+    run_token: str | None = None
+    from_savepoint: str | None = None  # restore this savepoint first: an id, or a copied folder
+    allow_rewind: bool = False  # restore a savepoint the lineage's head is past
+    uid_mapping: dict[str, str] = field(default_factory=dict)  # canonical: old uid -> new
+    allow_non_restored_state: bool = False  # canonical: state of operators the job lost
+    command_poll_interval: float = 1.0  # how often the commands folder is listed
+    # An upgrade's shadow run: (job, lineage) of the running version, whose savepoint
+    # (a folder path) it starts from (streamkeeper.upgrade).
+    shadow_of: tuple[str, str] | None = None

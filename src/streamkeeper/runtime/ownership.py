@@ -1,0 +1,312 @@
+"""Taking a lineage: what a start does between its checks and its query, Spark-free.
+
+The order (each step safe to crash in, see commit/PROTOCOL.md):
+
+1. `check`: every restore option, a savepoint to restore and a rollback left halfway;
+   reads only, so a start that cannot run changes nothing and fences nobody;
+2. `take`: the lineage's next epoch (fences every older runner);
+3. `own`: the job record, the tables (created, claimed, fenced with the epoch), what
+   older runners left of savepoints, a restore of an externalized checkpoint or a native
+   savepoint, the checkpoint index; a rollback's record is cleared by the start from its
+   savepoint;
+4. `attempt`: a commit coordinator for the query's attempt, after recovering the WAL.
+
+From step 2 on every side effect passes the `Fence`. The runner (runner.py) wraps these
+steps around its Spark session and query; the lifecycle property test drives them with
+synthetic batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.commit.maintenance import (
+    MaintenancePolicy,
+    ProtectedVersions,
+    TableMaintenance,
+    lineage_protected_seqs,
+)
+from streamkeeper.commit.recovery import RecoveryReport, recover
+from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
+from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
+from streamkeeper.commit.wal import WriteAheadLog
+from streamkeeper.errors import (
+    FencedError,
+    IncompatibleSavepointError,
+    RewindPendingError,
+    SavepointError,
+)
+from streamkeeper.lineage.control import ControlPlane, Fence
+from streamkeeper.lineage.markers import latest_marker
+from streamkeeper.observability.health import CheckpointHealth
+from streamkeeper.runtime.job import JobPaths
+from streamkeeper.runtime.options import RunOptions
+from streamkeeper.snapshots.externalized import CheckpointUploader, ExternalizedCheckpoints
+from streamkeeper.snapshots.restore import check_restorable, restore_checkpoint
+from streamkeeper.snapshots.savepoint_disposal import sweep_savepoints
+from streamkeeper.snapshots.savepoint_restore import RestorePlan, plan_restore, restore_native
+from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
+from streamkeeper.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class LineageStart:
+    """One start's hold on its job's lineage, from the checks to a recovered attempt."""
+
+    def __init__(self, spec: JobSpec, options: RunOptions, paths: JobPaths) -> None:
+        self.spec = spec
+        self.options = options
+        self.paths = paths
+        self.store = paths.root.store()
+        self.control = ControlPlane(self.store, paths.layout)
+        self.fence: Fence | None = None
+        self.restore: RestorePlan | None = None
+        self.checkpoints: ExternalizedCheckpoints | None = None
+        self.rewind_pending: dict[str, Any] | None = None  # set by check_rewind_pending
+
+    def check(self) -> None:
+        """Step 1: everything a start checks before it changes anything; reads only."""
+        self.check_restore_options()
+        self.check_rewind_pending()
+
+    def take(self) -> Fence:
+        """Step 2: the lineage's next epoch."""
+        self.fence = Fence(self.control, self.control.acquire(takeover=self.options.takeover))
+        log.info("took epoch %d of lineage %s", self.fence.epoch, self.paths.layout.lineage)
+        return self.fence
+
+    def own(self, schemas: dict[str, Any]) -> None:
+        """Step 3: records, tables, savepoints, restores (see the module docstring)."""
+        self.write_job_record()
+        self.prepare_tables(schemas)
+        self.sweep_savepoints()
+        self.externalize()
+        self.clear_rewind_pending()
+
+    def check_restore_options(self) -> None:
+        """Every restore option checked, and the savepoint found and checked: reads only."""
+        options = self.options
+        if options.from_checkpoint is not None and options.from_savepoint is not None:
+            raise SavepointError(
+                "--from-checkpoint and --from-savepoint exclude each other; pass one"
+            )
+        if options.from_checkpoint is not None:
+            check_restorable(
+                self.store, self.paths.layout, self.paths.checkpoint_dir, options.from_checkpoint
+            )
+        if options.from_savepoint is None:
+            if options.uid_mapping or options.allow_non_restored_state or options.allow_rewind:
+                raise SavepointError(
+                    "--uid-mapping, --allow-non-restored-state and --allow-rewind apply to "
+                    "a restore from a savepoint; add --from-savepoint ID, or drop them"
+                )
+            return
+        self.restore = plan = plan_restore(
+            self.paths.root,
+            self.paths.layout,
+            options.from_savepoint,
+            self.paths.checkpoint_dir,
+            head_seq=self.committed_seq(),
+            allow_rewind=options.allow_rewind,
+            shadow_of=options.shadow_of,
+        )
+        native = plan.manifest.format == "native"
+        if native and (options.uid_mapping or options.allow_non_restored_state):
+            raise SavepointError(
+                f"savepoint {plan.manifest.id!r} is native: it restores into the same "
+                "operators, so --uid-mapping and --allow-non-restored-state do not apply; "
+                "drop them, or restore a canonical savepoint"
+            )
+        backend = self.spec.state_backend.type
+        if native and plan.manifest.state_backend != backend:
+            # Spark keeps the provider its checkpoint names: the spec's would be ignored.
+            raise IncompatibleSavepointError(
+                f"savepoint {plan.manifest.id!r} is native, with state backend "
+                f"{plan.manifest.state_backend!r}; this spec's state_backend.type is "
+                f"{backend!r}, which Spark would silently ignore. Take a canonical savepoint "
+                f"(--format canonical) to move the state into {backend!r}, or keep "
+                f"state_backend.type: {plan.manifest.state_backend}"
+            )
+        uids = sorted(op.uid for op in plan.manifest.operators)
+        unknown = sorted(set(options.uid_mapping) - set(uids))
+        if unknown:  # before Spark starts
+            raise IncompatibleSavepointError(
+                f"--uid-mapping renames {unknown}, which savepoint {plan.manifest.id!r} does "
+                f"not have; its uids are {uids}: map those (`streamkeeper savepoints "
+                f"describe {plan.manifest.id}`)"
+            )
+        if plan.rewinds:
+            log.warning(
+                "restoring savepoint %s rewinds lineage %s to seq %d: the batches after it "
+                "run again (--allow-rewind)",
+                plan.manifest.id,
+                self.paths.layout.lineage,
+                plan.manifest.seq,
+            )
+
+    def check_rewind_pending(self) -> None:
+        """A rollback that restored the tables and did not finish: only the start from its
+        savepoint may run (state the tables no longer hold would otherwise run on them)."""
+        self.rewind_pending = pending = self.store.read_json(self.paths.layout.rewind_pending)
+        restoring = None if self.restore is None else self.restore.manifest.id
+        if pending is not None and pending.get("savepoint") != restoring:
+            savepoint = pending.get("savepoint")
+            raise RewindPendingError(
+                f"job {self.spec.name!r}: a rollback restored its tables to savepoint "
+                f"{savepoint!r} and did not finish; a start from "
+                f"{'its head' if restoring is None else repr(restoring)} would run state "
+                "the tables no longer hold. Run the rollback again, or start from that "
+                f"savepoint: --from-savepoint {savepoint} --allow-rewind --takeover"
+            )
+
+    def committed_seq(self) -> int | None:
+        """The highest seq the lineage committed anywhere (None if it never did); reads only."""
+        targets = self.paths.targets.values()
+        committed = [t.committed_seq() for t in targets if t.exists()]
+        near = max(committed, default=-1)
+        head = latest_marker(self.store, self.paths.layout, near=near if near >= 0 else None)
+        seen = [*committed, -1 if head is None else int(head["seq"])]
+        return max(seen) if max(seen) >= 0 else None
+
+    def clear_rewind_pending(self) -> None:
+        """The start from the rolled-back-to savepoint holds its state and owns the tables.
+
+        Read again, now that this runner holds the lineage: a rollback that ran since the
+        check may have recorded another savepoint, which is not this start's to clear.
+        """
+        if self.rewind_pending is None:
+            return  # none at the check: nothing of this start's to clear
+        layout = self.paths.layout
+        pending = self.store.read_json(layout.rewind_pending)
+        if pending is not None and pending.get("savepoint") == self.rewind_pending["savepoint"]:
+            self.store.delete([layout.rewind_pending])
+            log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
+
+    def write_job_record(self) -> None:
+        """What any reader (CLI, Airflow) needs to find this job's lineage and tables."""
+        assert self.fence is not None
+        checkpoint = self.spec.checkpoint
+        record = {
+            "job": self.spec.name,
+            "lineage": self.paths.layout.lineage,
+            "root": self.paths.root.uri,
+            "checkpoint_dir": str(self.paths.checkpoint_dir),
+            "interval": checkpoint.interval,
+            "timeout": checkpoint.timeout,
+            "max_concurrent": checkpoint.max_concurrent,
+            "tables": {
+                sink.name: {
+                    "table": self.paths.targets[sink.name].location.uri,
+                    "output": sink.output,
+                    "mode": self.spec.sink_mode(sink),
+                }
+                for sink in self.spec.sinks
+            },
+            "started_at": self.fence.lease.started_at,
+            "run_token": self.options.run_token,
+            # Savepoint retention never deletes the savepoint a job was restored from.
+            "restored_from_savepoint": None if self.restore is None else self.restore.reference(),
+        }
+        self.control.write_owned(self.paths.layout.job_record, self.fence.lease, record)
+
+    def prepare_tables(self, schemas: dict[str, Any]) -> None:
+        """Create missing tables, record this lineage as a writer, commit our epoch."""
+        assert self.fence is not None
+        for sink in self.spec.sinks:
+            target = self.paths.targets[sink.name]
+            self.fence.check()
+            ensure_table(target, schemas[sink.name])
+            claim_table(target, self.spec.name, sink.shared)
+            try:
+                fence_table(target, self.fence.epoch)
+            except FencedError as error:
+                self.fence.mark_fenced(error)
+                raise
+        log.info(
+            "tables ready and fenced at epoch %d: %s",
+            self.fence.epoch,
+            {n: t.location.uri for n, t in self.paths.targets.items()},
+        )
+
+    def sweep_savepoints(self) -> None:
+        """Finish what older runners left half done: savepoints, uploads for savepoints."""
+        assert self.fence is not None
+        self.fence.check()
+        try:
+            sweep_savepoints(self.store, self.paths.layout, self.fence.epoch)
+        except FencedError as error:
+            self.fence.mark_fenced(error)
+            raise
+        index_exists = self.store.exists(self.paths.layout.checkpoint_index)
+        if not self.spec.checkpoint.externalized.enabled and index_exists:
+            # Savepoints uploaded checkpoints to pin them: own the index, sweep leftovers.
+            uploader = CheckpointUploader(
+                self.store, self.paths.layout, self.paths.checkpoint_dir, self.fence.epoch
+            )
+            uploader.take_ownership()
+
+    def externalize(self) -> None:
+        """Restore an externalized checkpoint or a savepoint if asked; set up uploads."""
+        assert self.fence is not None
+        layout, directory = self.paths.layout, self.paths.checkpoint_dir
+        plan = self.restore
+        if plan is not None and not plan.already_restored:  # native (canonical: done)
+            self.fence.check()
+            restore_native(plan, directory)
+        elif plan is not None:
+            log.info("%s already holds savepoint %s; resuming", directory, plan.manifest.id)
+        if self.options.from_checkpoint is not None:
+            self.fence.check()
+            restore_checkpoint(
+                self.store,
+                layout,
+                directory,
+                self.options.from_checkpoint,
+                progress=None if self.options.progress is None else self.options.progress.restore,
+            )
+        self.checkpoints = ExternalizedCheckpoints.for_spec(
+            self.spec.checkpoint.externalized, self.store, layout, directory, self.fence
+        )
+        if self.checkpoints is not None:
+            self.checkpoints.take_ownership()
+
+    def attempt(
+        self, health: CheckpointHealth | None
+    ) -> tuple[CommitCoordinator, CommitSequence, RecoveryReport]:
+        """Step 4: a fresh coordinator and commit sequence, after recovering the WAL."""
+        assert self.fence is not None
+        store, layout, targets = self.store, self.paths.layout, self.paths.targets
+        head, committed = lineage_head(store, layout, targets)
+        coordinator = CommitCoordinator(
+            store=store,
+            layout=layout,
+            wal=WriteAheadLog(store, layout),
+            targets=targets,
+            fence=self.fence,
+            head=head,
+            max_pending=self.spec.checkpoint.max_concurrent,
+            health=health,
+            checkpoints=self.checkpoints,
+            maintenance=self.table_maintenance(),
+        )
+        checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
+        sequence = CommitSequence(initial_sequence(store, layout, targets, (head, committed)))
+        report = recover(coordinator, checkpoint, sequence, self.control)
+        log.info("recovery: %s", report)
+        return coordinator, sequence, report
+
+    def table_maintenance(self) -> TableMaintenance:
+        store, layout, settings = self.store, self.paths.layout, self.spec.maintenance
+        return TableMaintenance(
+            targets=self.paths.targets,
+            shared={sink.name for sink in self.spec.sinks if sink.shared},
+            protected=ProtectedVersions(
+                store, layout, seqs=lambda: lineage_protected_seqs(store, layout)
+            ),
+            policy=MaintenancePolicy(
+                settings.every, settings.history_retention, settings.markers_kept
+            ),
+        )
