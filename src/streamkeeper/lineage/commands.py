@@ -31,6 +31,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from streamkeeper import injection
 from streamkeeper.errors import CommandError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import ObjectStore
@@ -235,6 +236,7 @@ class CommandBox:
                     f"{timeout:g}s; is the job running? (`streamkeeper status "
                     f"{self.layout.job}`); wait longer, or read it later with its id"
                 )
+            injection.reached("awaiting_command_result", command_id=command_id)
             time.sleep(poll)
 
     def acknowledge(self, command_id: str) -> None:

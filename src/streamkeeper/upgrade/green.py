@@ -19,26 +19,19 @@ step 1; blue was never touched.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from streamkeeper.client import StreamkeeperClient
-from streamkeeper.errors import StreamkeeperError
-from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.runtime.job import resolve_paths
 from streamkeeper.runtime.runner import JobRunner, RunOptions, RunResult, run_job
-from streamkeeper.snapshots.savepoint_manifest import SavepointPlace
-from streamkeeper.snapshots.savepoints import SavepointRegistry
 from streamkeeper.spec import JobSpec
-from streamkeeper.upgrade import points
+from streamkeeper.upgrade.handover import stop_blue
 from streamkeeper.upgrade.record import UpgradeError, UpgradeRecord, UpgradeRecords
 from streamkeeper.upgrade.shadow import shadow_spec
 
 log = logging.getLogger(__name__)
-
-STOP_POLL = 0.05  # how often green looks for blue's stop result during the handover
 
 
 @dataclass(frozen=True)
@@ -113,70 +106,17 @@ def _hand_over(
     )
     runner.warm_up()
     client = StreamkeeperClient(resolve_paths(spec).root.uri)
-    fmt = record.green.get("format", "canonical")
-    points.reached("handover_before_blue_stop")
-    try:
-        command = client.send_command(
-            spec.name, "stop", format=fmt, savepoint=True, command_id=f"stop-{record.id}"
-        )
-        result = client.wait_for_result(
-            spec.name, command.id, timeout=options.blue_stop_timeout, poll=STOP_POLL
-        )
-    except StreamkeeperError as error:
-        _fail(records, record, f"blue did not stop: {error}")
-        raise
-    if not result.ok or result.savepoint_id is None:
-        reason = f"blue did not stop with a savepoint: {result.reason or result.error}"
-        _fail(records, record, reason)
-        raise UpgradeError(f"upgrade {record.id!r}: {reason}")
-    stopped = time.time()
-    points.reached("handover_after_stop_result")
-    archive = None
-    if live_dir == blue_dir and blue_dir.exists():
-        archive = Path(f"{blue_dir}.{record.id}.blue")
-        os.replace(blue_dir, archive)  # blue's own folder, kept as it stopped
-    points.reached("handover_after_move")
-    manifest = SavepointPlace(
-        client.store, f"lineages/{record.lineage}/savepoints/{result.savepoint_id}"
-    ).read()
-    assert manifest is not None  # the stop answered ok with this savepoint
-    layout = LineageLayout(client.location, record.lineage, spec.name)
-    registry = SavepointRegistry(client.store, layout)
-    registry.hold(
-        manifest.id, f"upgrade:{record.id}", "rollback target while green is on probation"
+    manifest = stop_blue(
+        client,
+        records,
+        record,
+        blue_dir=blue_dir,
+        live_dir=live_dir,
+        started=started,
+        timeout=options.blue_stop_timeout,
     )
-    handover = {
-        "blue_savepoint": manifest.id,
-        "seq": manifest.seq,
-        "batch_id": manifest.batch_id,
-        "tables": {
-            name: {"table": t.table, "seq": t.seq, "version": t.version}
-            for name, t in manifest.tables.items()
-        },
-        "blue_checkpoint_archive": None if archive is None else str(archive),
-        "requested_at": started,
-        "blue_stopped_at": stopped,
-        "blue_stop_ms": {k: round(v, 1) for k, v in result.timings.items()},
-    }
-    records.advance(record.id, ("handing_over",), "live", handover=handover)
-    log.info(
-        "upgrade %s: blue stopped with savepoint %s (seq %d) in %.2fs; green goes live",
-        record.id,
-        manifest.id,
-        manifest.seq,
-        stopped - started,
-    )
-    points.reached("handover_after_live")
     runner.options = replace(runner.options, from_savepoint=manifest.id)
     return runner.run()
-
-
-def _fail(records: UpgradeRecords, record: UpgradeRecord, reason: str) -> None:
-    log.error("upgrade %s failed: %s", record.id, reason)
-    try:
-        records.advance(record.id, ("handing_over",), "failed", reason=reason)
-    except UpgradeError:
-        log.warning("could not record the failure of upgrade %s", record.id, exc_info=True)
 
 
 def _holds_files(directory: Path) -> bool:
