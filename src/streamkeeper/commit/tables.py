@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from streamkeeper import injection
 from streamkeeper.commit.merge_rows import last_row_per_key
 from streamkeeper.errors import FencedError, SchemaMismatchError, SpecError, StreamkeeperError
 from streamkeeper.storage import Location
@@ -116,7 +117,9 @@ def fence_table(target: TableTarget, epoch: int, attempts: int = 5) -> int:
     """
     for attempt in _retrying(attempts):
         with attempt:
-            return _fence_once(target, epoch)
+            version = _fence_once(target, epoch)
+            injection.reached("table_fence_landed", sink=target.sink)
+            return version
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -135,6 +138,7 @@ def restore_table(target: TableTarget, version: int, attempts: int = 5) -> int:
         with attempt:
             table = target.open()
             table.restore(version)
+            injection.reached("table_restore_landed", sink=target.sink)
             return table.version()
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -268,7 +272,10 @@ class TableCommitter:
         """
         for attempt in _retrying(self.attempts):
             with attempt:
-                return self._commit_once(part, seq)
+                version = self._commit_once(part, seq)
+                # A test may lose the answer here: the commit landed, the retry must see it.
+                injection.reached("table_commit_landed", sink=self.target.sink, seq=seq)
+                return version
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _commit_once(self, part: SinkBatch, seq: int) -> int:

@@ -239,6 +239,39 @@ class CommandBox:
             injection.reached("awaiting_command_result", command_id=command_id)
             time.sleep(poll)
 
+    def withdraw(self, command_id: str, reason: str) -> bool:
+        """Take back a command no runner claimed: it is answered `failed` and never runs.
+
+        The withdrawal is a claim of its own (epoch 0: no runner's), put-if-absent, so it
+        and a runner's claim exclude each other.
+
+        Returns:
+            True if no runner executes it (withdrawn now or before, or never sent);
+            False if a runner claimed it first: its answer is the one to wait for.
+        """
+        now = time.time()
+        stored = self._stored_command(check_command_id(command_id))
+        result = CommandResult(
+            id=command_id,
+            kind="unknown" if stored is None else stored.kind,
+            state="failed",
+            error="Withdrawn",
+            reason=reason,
+            epoch=0,
+            received_at=now,
+            started_at=now,
+            finished_at=now,
+        )
+        record = CommandRecord(
+            id=command_id, epoch=0, claimed_at=now, command={}, result=result.to_json()
+        )
+        key = self.layout.command_record(check_command_id(command_id))
+        if not self.store.create_json(key, asdict(record)):
+            existing = self.record(command_id)
+            return existing is not None and existing.epoch == 0
+        self.publish(command_id, result)
+        return True
+
     def acknowledge(self, command_id: str) -> None:
         """Remove an answered command from `commands/` (the command log keeps its record).
 

@@ -11,9 +11,11 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper.errors import StreamkeeperError
+from streamkeeper.lineage.commands import CommandBox
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointRegistry
@@ -71,28 +73,13 @@ def stop_blue(
         archive = Path(f"{blue_dir}.{record.id}.blue")
         os.replace(blue_dir, archive)  # blue's own folder, kept as it stopped
     points.reached("handover_after_move")
-    manifest = SavepointPlace(
-        client.store, f"lineages/{record.lineage}/savepoints/{result.savepoint_id}"
-    ).read()
-    assert manifest is not None  # the stop answered ok with this savepoint
-    layout = LineageLayout(client.location, record.lineage, job)
-    registry = SavepointRegistry(client.store, layout)
-    registry.hold(
-        manifest.id, f"upgrade:{record.id}", "rollback target while green is on probation"
+    manifest, handover = _hold_s1(client, record, result.savepoint_id)
+    handover.update(
+        blue_checkpoint_archive=None if archive is None else str(archive),
+        requested_at=started,
+        blue_stopped_at=stopped,
+        blue_stop_ms={k: round(v, 1) for k, v in result.timings.items()},
     )
-    handover = {
-        "blue_savepoint": manifest.id,
-        "seq": manifest.seq,
-        "batch_id": manifest.batch_id,
-        "tables": {
-            name: {"table": t.table, "seq": t.seq, "version": t.version}
-            for name, t in manifest.tables.items()
-        },
-        "blue_checkpoint_archive": None if archive is None else str(archive),
-        "requested_at": started,
-        "blue_stopped_at": stopped,
-        "blue_stop_ms": {k: round(v, 1) for k, v in result.timings.items()},
-    }
     records.advance(record.id, ("handing_over",), "live", handover=handover)
     log.info(
         "upgrade %s: blue stopped with savepoint %s (seq %d) in %.2fs; green goes live",
@@ -103,6 +90,74 @@ def stop_blue(
     )
     points.reached("handover_after_live")
     return manifest
+
+
+def _hold_s1(
+    client: StreamkeeperClient, record: UpgradeRecord, savepoint_id: str
+) -> tuple[SavepointManifest, dict[str, Any]]:
+    """S1, held as the rollback target, and what the upgrade record says of it."""
+    manifest = SavepointPlace(
+        client.store, f"lineages/{record.lineage}/savepoints/{savepoint_id}"
+    ).read()
+    if manifest is None:
+        raise UpgradeError(f"blue's stop savepoint {savepoint_id!r} has no manifest")
+    layout = LineageLayout(client.location, record.lineage, record.job)
+    SavepointRegistry(client.store, layout).hold(
+        manifest.id, f"upgrade:{record.id}", "rollback target while green is on probation"
+    )
+    handover = {
+        "blue_savepoint": manifest.id,
+        "seq": manifest.seq,
+        "batch_id": manifest.batch_id,
+        "tables": {
+            name: {"table": t.table, "seq": t.seq, "version": t.version}
+            for name, t in manifest.tables.items()
+        },
+    }
+    return manifest, handover
+
+
+def settle_dead_handover(
+    client: StreamkeeperClient, job: str, upgrade_id: str, why: str
+) -> UpgradeRecord | None:
+    """Green died before it went live: end the handover so that the DAG can finish it.
+
+    - blue was not asked to stop, or the stop is withdrawn before blue claimed it: blue
+      keeps running untouched; the upgrade is `failed`;
+    - blue stopped with savepoint S1: the job is down at S1, with nothing of green's in
+      its tables. The upgrade goes `live` with a failed probation, so the rollback task
+      starts blue from S1 (its RESTORE finds the tables at S1 already);
+    - blue's stop failed: blue keeps running; `failed`.
+
+    Returns:
+        The record, or None while blue is still answering the stop it claimed (the
+        caller waits and asks again).
+    """
+    records = UpgradeRecords(client.store, job)
+    record = records.read(upgrade_id)
+    if record.phase not in ("handover_requested", "handing_over"):
+        return record  # live (the probation's path), or finished
+    box = CommandBox(client.store, LineageLayout(client.location, record.lineage, job))
+    command_id = stop_command_id(upgrade_id)
+    result = box.result(command_id)
+    if result is None and not box.withdraw(command_id, f"green died: {why}"):
+        return None  # blue claimed it: its answer decides
+    expected = ("handover_requested", "handing_over")
+    if result is None or not result.ok or result.savepoint_id is None:
+        stop = "was withdrawn" if result is None else f"failed ({result.reason})"
+        reason = f"green died during the handover ({why}); blue's stop {stop}: blue runs on"
+        return records.advance(upgrade_id, expected, "failed", reason=reason)
+    _manifest, handover = _hold_s1(client, record, result.savepoint_id)
+    reason = f"green died during the handover, after blue stopped with {result.savepoint_id}: {why}"
+    verdict = {
+        "passed": False,
+        "reason": reason,
+        "started_at": time.time(),
+        "ended_at": time.time(),
+    }
+    return records.advance(
+        upgrade_id, expected, "live", reason=reason, handover=handover, probation=verdict
+    )
 
 
 def _fail(records: UpgradeRecords, record: UpgradeRecord, reason: str) -> None:

@@ -1,0 +1,221 @@
+"""Each hole of the lifecycle (issue 23, 1.1-1.7) as one interleaving written down.
+
+The property test (test_lifecycle_machine.py) explores interleavings at random; these
+pin the ones that broke an invariant, with the same actors and checks, so each stays
+fixed. Every scene ends the way the DAGs finish a lifecycle (`Scene.finish`) and is then
+compared with the input: every event once in every table.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from streamkeeper.errors import CheckpointRestoreError, FencedError
+from streamkeeper.snapshots.index import read_index
+from streamkeeper.snapshots.savepoints import SavepointRegistry
+from streamkeeper.upgrade.steps import promote_upgrade
+from tests.support.lifecycle import actors
+from tests.support.lifecycle.scene import Scene
+from tests.support.lifecycle.scheduler import Actor
+from tests.support.lifecycle.world import JOB, OTHER_JOB
+
+
+@pytest.fixture
+def scene() -> Iterator[Scene]:
+    made = Scene(batch_size=2, events=4)
+    yield made
+    made.close()
+
+
+def _blue(scene: Scene, batches: int = 2, **plan: object) -> Actor:
+    blue = scene.spawn(
+        "blue", actors.runner(scene.world, actors.RunnerPlan(batches=batches, **plan))
+    )
+    return scene.run(blue)
+
+
+def _handover(scene: Scene, blue: Actor, green_batches: int = 3) -> Actor:
+    """Green asks blue to stop; blue answers with S1 and ends; green goes live."""
+    green = scene.begin_handover(green_batches)
+    scene.run(green, until="awaiting_command_result")
+    scene.run(blue)  # picks the stop up, takes S1, drains, stops
+    assert blue.done and blue.error is None, blue.error
+    scene.run(green, until="handover_after_live")
+    return green
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="1.1: recovery commits the half-committed batch of a rolled-back green (fixed next)",
+)
+def test_1_1_a_rollback_disposes_of_a_batch_green_half_committed(scene: Scene) -> None:
+    """Green commits its first live batch to one table and dies before the next; the
+    rollback restores S1 and starts blue from it: blue must not commit green's batch to
+    the other table, then replay the same input (the issue saw 754 ids twice)."""
+    blue = _blue(scene)
+    scene.feed(4)
+    green = _handover(scene, blue)
+    scene.run(green, until="between_table_commits")  # `last` holds green's batch
+    green.crash()
+    rollback = scene.run(scene.fail_probation())
+    assert rollback.error is None, rollback.error
+    scene.check()
+    scene.finish()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="1.2: a rollback restores a shared table over the other job's commits (fixed next)",
+)
+def test_1_2_a_rollback_never_takes_another_jobs_rows_from_a_shared_table() -> None:
+    scene = Scene(shared_table=True, batch_size=2, events=4)
+    try:
+        blue = _blue(scene, batches=1, savepoint_after=1)
+        other = scene.spawn("other", actors.runner(scene.world, actors.RunnerPlan(job=OTHER_JOB)))
+        scene.run(other)  # two batches of the other job in the shared table
+        savepoint = actors.client_of(scene.world).savepoints(JOB)[-1].id
+        blue.crash()
+        rollback = scene.run(scene.spawn("rollback", actors.rollback(scene.world, savepoint, None)))
+        assert rollback.error is None, rollback.error
+        scene.check()
+        scene.finish()
+    finally:
+        scene.close()
+
+
+@pytest.mark.xfail(strict=True, reason="1.3: a swept claim can still be sealed (fixed next)")
+def test_1_3_a_claim_swept_by_a_takeover_can_no_longer_be_sealed(scene: Scene) -> None:
+    """A takeover's recovery sweeps the files of a batch whose runner is still alive
+    (claimed, written, not sealed); that runner must not seal a manifest listing them."""
+    blue = scene.spawn("blue", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(blue, until="batch_before_manifest")
+    takeover = scene.spawn("takeover", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(takeover, until="batch_start")  # recovered (swept blue's files), then dies
+    takeover.crash()
+    scene.run(blue)  # seals (or not), then learns it is fenced
+    assert isinstance(blue.error, FencedError), blue.error
+    scene.check()
+    scene.finish()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="1.4: a start on an empty checkpoint folder reads the input again (fixed next)",
+)
+def test_1_4_a_start_that_would_read_the_input_again_is_refused(scene: Scene) -> None:
+    """The lineage has committed checkpoints; its checkpoint folder is empty (moved away
+    by a handover, or lost): a plain start would run a new query from the input's
+    beginning and write it all again."""
+    blue = _blue(scene)
+    blue.crash()
+    shutil.rmtree(scene.world.live_dir)
+    fresh = scene.run(scene.spawn("start", actors.runner(scene.world, actors.RunnerPlan())))
+    assert isinstance(fresh.error, CheckpointRestoreError), fresh.error
+    assert "--from-checkpoint latest" in str(fresh.error)
+    scene.check()
+    scene.finish()
+
+
+def test_1_4_green_dying_after_blues_stop_is_settled_by_the_dags(scene: Scene) -> None:
+    """Green dies after blue answered its stop with S1, before the upgrade went live."""
+    blue = _blue(scene)
+    green = scene.begin_handover()
+    scene.run(green, until="awaiting_command_result")
+    scene.run(blue)
+    scene.run(green, until="handover_after_move")
+    green.crash()
+    scene.finish()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="1.5: a checkpoint uploaded twice is indexed twice, retention drops both (fixed next)",
+)
+def test_1_5_a_checkpoint_uploaded_twice_is_indexed_once(scene: Scene) -> None:
+    """A crash after the upload and before the commit: the next start uploads the same
+    checkpoint again; retention must keep it (it counted entries: [.., 12, 12] with
+    retained 1 dropped every restorable checkpoint)."""
+    blue = scene.spawn("blue", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(blue, until="before_delta_commit")
+    blue.crash()
+    restart = scene.run(scene.spawn("restart", actors.runner(scene.world, actors.RunnerPlan())))
+    assert restart.error is None, restart.error
+    ids = read_index(scene.world.layout().root.store(), scene.world.layout()).ids
+    assert ids == [0, 1], f"retained: 2, and the index holds {ids}"
+    scene.check()
+    scene.finish()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="1.6: a RESTORE is not conditional on the rollback's epoch (fixed next)"
+)
+def test_1_6_two_rollbacks_at_once_never_revert_each_others_blue(scene: Scene) -> None:
+    """Rollback A fences; rollback B fences, restores and starts its blue, which commits;
+    A's RESTORE must not revert the commits of B's blue."""
+    _blue(scene, batches=3, savepoint_after=1)
+    savepoint = actors.client_of(scene.world).savepoints(JOB)[-1].id
+    first = scene.spawn("rollback-a", actors.rollback(scene.world, savepoint, None))
+    scene.run(first, until="rollback_after_fence")
+    scene.feed(4)
+    second = scene.run(scene.spawn("rollback-b", actors.rollback(scene.world, savepoint, None)))
+    assert second.error is None, second.error
+    scene.run(first, until="rollback_before_restart")  # A restored; its task dies
+    first.crash()
+    scene.feed(4)
+    scene.run(second)  # B's blue goes on
+    scene.check()
+    scene.finish()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="1.7: an older externalized checkpoint rewinds silently (fixed next)"
+)
+def test_1_7_a_restoring_an_older_checkpoint_is_a_rewind(scene: Scene) -> None:
+    """`--from-checkpoint <older id>` rewinds past the head: refused unless asked for."""
+    blue = _blue(scene, batches=2)
+    blue.crash()
+    ids = read_index(scene.world.layout().root.store(), scene.world.layout()).ids
+    assert len(ids) == 2, ids
+    shutil.rmtree(scene.world.live_dir)
+    plan = actors.RunnerPlan(from_checkpoint=str(ids[0]))
+    older = scene.run(scene.spawn("restore", actors.runner(scene.world, plan)))
+    assert isinstance(older.error, CheckpointRestoreError), older.error
+    assert "--allow-rewind" in str(older.error)
+    scene.check()
+    scene.finish()
+
+
+@pytest.mark.xfail(strict=True, reason="1.7: the hold on S1 is never released (fixed next)")
+def test_1_7_b_a_promoted_upgrade_releases_its_rollback_target(scene: Scene) -> None:
+    blue = _blue(scene)
+    green = _handover(scene, blue)
+    scene.run(green)
+    record = scene.upgrade()
+    client = actors.client_of(scene.world)
+    promote_upgrade(client, JOB, record.id, {"passed": True, "reason": "healthy"})
+    entry = SavepointRegistry(client.store, scene.world.layout()).entry(
+        record.handover["blue_savepoint"]
+    )
+    assert entry.holds == {}, entry.holds
+    scene.finish()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="1.7: green-era files are deleted after a rollback (fixed next)"
+)
+def test_1_7_c_green_era_files_stay_after_a_rollback(scene: Scene) -> None:
+    """Green commits a batch everywhere and dies before retiring its manifest; after the
+    rollback, the table versions green committed must stay readable (time travel, and
+    savepoints taken during its probation)."""
+    blue = _blue(scene)
+    scene.feed(4)
+    green = _handover(scene, blue)
+    scene.run(green, until="before_commit_marker")
+    scene.run(green, until="store.delete")  # the marker is written; the retire is next
+    green.crash()
+    rollback = scene.run(scene.fail_probation())
+    assert rollback.error is None, rollback.error
+    scene.finish()
