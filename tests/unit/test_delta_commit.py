@@ -180,7 +180,7 @@ def test_recovery_keeps_only_the_files_a_table_references_in_a_seq_folder(
 ) -> None:
     """A fenced runner may seal seq 6 after its successor skipped it and committed 7: the
     table is past 6, but 6's files are not in it, so recovery must not keep them."""
-    from streamkeeper.commit.recovery import _referenced, sweep_precommit_folder
+    from streamkeeper.commit.disposal import referenced_now, sweep_precommit_folder
     from streamkeeper.lineage.layout import LineageLayout
 
     layout = LineageLayout(target.location, "lin", "job")
@@ -192,9 +192,9 @@ def test_recovery_keeps_only_the_files_a_table_references_in_a_seq_folder(
     )
     TableCommitter(target, epoch=2).commit(committed, seq=7)
     assert target.committed_seq() == 7 and skipped.files
-    assert _referenced(target, layout, 6) == set()
-    assert _referenced(target, layout, 7) == {"e2-b.parquet"}
-    removed = sweep_precommit_folder(target, layout, 6, _referenced(target, layout, 6))
+    assert referenced_now(target, layout, 6) == set()
+    assert referenced_now(target, layout, 7) == {"e2-b.parquet"}
+    removed = sweep_precommit_folder(target, layout, 6, referenced_now(target, layout, 6))
     assert [uri.rsplit("/", 1)[-1] for uri in removed] == ["e1-a.parquet"]
-    assert sweep_precommit_folder(target, layout, 7, _referenced(target, layout, 7)) == []
+    assert sweep_precommit_folder(target, layout, 7, referenced_now(target, layout, 7)) == []
     assert contents(target) == {"b": 2}

@@ -167,7 +167,7 @@ class BatchWriter:
 
         Best effort; recovery at the next start does the same if this cannot.
         """
-        from streamkeeper.commit.recovery import sweep_precommit_folder
+        from streamkeeper.commit.disposal import sweep_precommit_folder
 
         ctx = self.ctx
         try:

@@ -213,7 +213,7 @@ class CommitCoordinator:
 
         One listing of that folder per append table: it holds one batch's files only.
         """
-        from streamkeeper.commit.recovery import sweep_precommit_folder
+        from streamkeeper.commit.disposal import sweep_precommit_folder
 
         for name, part in manifest.sinks.items():
             if part.output == "append" and part.files:

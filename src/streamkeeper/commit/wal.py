@@ -61,7 +61,9 @@ class Manifest:
     checkpoint_dir: str
     epoch: int
     sinks: dict[str, SinkBatch]
-    state: str = "complete"  # writing: claimed, files being written | complete: sealed
+    # writing: claimed, files being written | complete: sealed | void: swept by a newer
+    # owner while unsealed (its runner's seal is refused)
+    state: str = "complete"
     offsets_sha256: str | None = None  # of offsets/N: which batch N this is, exactly
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     created_at: float = field(default_factory=time.time)
@@ -69,6 +71,7 @@ class Manifest:
     version: str | None = field(default=None, compare=False)  # the stored object's, if ours
     # Tables committed inside the batch (idempotent, at_least_once) -> the version holding it.
     versions: dict[str, int] = field(default_factory=dict, compare=False)
+    epoch_voided: int | None = None  # void: the owner that swept it
 
     @property
     def complete(self) -> bool:
@@ -77,6 +80,8 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         del data["version"], data["versions"]
+        if self.epoch_voided is None:
+            del data["epoch_voided"]
         return data
 
     @classmethod
@@ -97,7 +102,7 @@ class Manifest:
             }
             fields = {k: data[k] for k in ("lineage", "seq", "query_id", "batch_id")}
             state = data.get("state", "complete")
-            if state not in ("writing", "complete"):
+            if state not in ("writing", "complete", "void"):
                 raise ValueError(f"unknown state {state!r}")
             return cls(
                 **fields,
@@ -108,6 +113,7 @@ class Manifest:
                 offsets_sha256=data.get("offsets_sha256"),
                 token=data.get("token", ""),
                 created_at=data["created_at"],
+                epoch_voided=data.get("epoch_voided"),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise CorruptManifestError(
@@ -153,6 +159,25 @@ class WriteAheadLog:
                 "batch; this runner stops without committing"
             )
         manifest.version = version
+
+    def void(self, claim: Manifest, epoch: int) -> bool:
+        """Make an unsealed claim unsealable before its files are swept (compare-and-swap
+        on the version read): its runner's seal then fails, however late it comes.
+
+        Returns:
+            False if the claim changed since it was read (sealed, or voided by another).
+        """
+        if claim.version is None:
+            return False
+        claim.state = "void"
+        claim.epoch_voided = epoch
+        version = self.store.write_if(
+            self.layout.manifest(claim.seq), claim.to_json(), claim.version
+        )
+        if version is None:
+            return False
+        claim.version = version
+        return True
 
     def write(self, manifest: Manifest) -> None:
         """Rewrite a manifest this runner owns (recovery keeping part of one)."""

@@ -75,6 +75,11 @@ def _pid_alive(record: dict[str, Any]) -> bool:
     return abs(float(recorded) - actual) < 1.0
 
 
+def process_alive_on_this_host(record: dict[str, Any]) -> bool:
+    """Is the process an epoch or heartbeat record names (this host's) still running?"""
+    return _pid_alive(record)
+
+
 def runner_alive(
     heartbeat: dict[str, Any] | None,
     epoch_record: dict[str, Any] | None,
