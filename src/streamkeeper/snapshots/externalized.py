@@ -30,7 +30,7 @@ from streamkeeper.commit.wal import Manifest
 from streamkeeper.errors import FencedError, SavepointError
 from streamkeeper.lineage.control import Fence
 from streamkeeper.lineage.layout import LineageLayout
-from streamkeeper.snapshots.index import CheckpointIndex, IndexEntry, IndexWriter
+from streamkeeper.snapshots.index import IndexEntry, IndexWriter
 from streamkeeper.snapshots.manifest import (
     WORKERS,
     CheckpointFile,
@@ -124,10 +124,7 @@ class CheckpointUploader:
         self.store.write_json(self.layout.checkpoint_manifest(checkpoint_id), manifest.to_json())
         entry = IndexEntry(checkpoint_id, batch_id, self.epoch)
 
-        def add(index: CheckpointIndex) -> None:
-            index.checkpoints = sorted([*index.checkpoints, entry], key=lambda e: e.id)
-
-        self.index.update(add)
+        self.index.update(lambda index: index.add(entry))
         self.keys_of.remember(checkpoint_id, manifest.keys)
         by_sha.update({f.sha256: f.key for f in files})
         log.info(

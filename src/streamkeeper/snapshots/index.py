@@ -16,7 +16,7 @@ can never be a file a newer one just uploaded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -57,14 +57,26 @@ class CheckpointIndex:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def add(self, entry: IndexEntry) -> None:
+        """Index a checkpoint; one uploaded again (a commit retried after a crash) replaces
+        its entry: ids are unique, so retention counts checkpoints, not uploads."""
+        self.checkpoints = unique_entries([*self.checkpoints, entry])
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CheckpointIndex:
+        entries = [IndexEntry(**entry) for entry in data.get("checkpoints", [])]
         return cls(
             owner_epoch=int(data.get("owner_epoch", 0)),
-            checkpoints=[IndexEntry(**entry) for entry in data.get("checkpoints", [])],
+            checkpoints=unique_entries(entries),
             pins={str(k): int(v) for k, v in data.get("pins", {}).items()},
             updated_at=float(data.get("updated_at", 0.0)),
         )
+
+
+def unique_entries(entries: Iterable[IndexEntry]) -> list[IndexEntry]:
+    """One entry per checkpoint id (the last one written wins), oldest id first."""
+    by_id = {entry.id: entry for entry in entries}
+    return [by_id[i] for i in sorted(by_id)]
 
 
 def _from_manifests(store: ObjectStore, layout: LineageLayout) -> CheckpointIndex:
