@@ -25,10 +25,10 @@ def test_a_rollback_left_halfway_fails_the_check_saying_what_to_start(
         None,
     )
 
-    pending = {"savepoint": "sp-0042", "epoch": 7, "at": NOW}
+    pending = {"savepoint": "sp-0042", "seq": 30, "epoch": 7, "at": NOW, "marker_seq": 41}
     LocalStore(root).write_json(f"jobs/{JOB}/rewind-pending.json", pending)
     with pytest.raises(AirflowFailException) as failed:
         check.execute({})  # type: ignore[arg-type]
     message = str(failed.value)
     assert message.startswith(f"job {JOB!r} is STOPPED: a rollback restored the tables")
-    assert "--from-savepoint sp-0042 --allow-rewind --takeover" in message
+    assert "--from-savepoint sp-0042 --takeover" in message

@@ -20,13 +20,13 @@ from streamkeeper.reader import read_table_rows
 from streamkeeper.runtime.runner import RunOptions
 from streamkeeper.spec import JobSpec, load_spec
 from streamkeeper.upgrade.record import UpgradeRecords
+from streamkeeper.upgrade.rollback import restore_tables
 from streamkeeper.upgrade.shadow import new_upgrade_id
 from streamkeeper.upgrade.steps import (
     begin_upgrade,
     compare_with_blue,
     handover_gap,
     request_handover,
-    restore_tables,
     savepoint_manifest,
     set_aside,
 )
@@ -175,8 +175,7 @@ def test_upgrade_hands_over_exactly_once_then_rolls_back(tmp_path: Path) -> None
             spec,
             RunOptions(
                 spec_dir=SAMPLE_SPEC.parent,
-                from_savepoint=manifest.id,
-                allow_rewind=True,
+                from_savepoint=manifest.id,  # the tables are at its versions: no rewind
                 takeover=True,
                 command_poll_interval=0.2,
             ),

@@ -306,15 +306,22 @@ def test_cli_status_table_shows_the_head_and_the_runner(root: Path) -> None:
 
 def test_status_names_a_rollback_left_halfway_and_what_to_do(root: Path) -> None:
     assert StreamkeeperClient(str(root)).status(JOB, now=NOW).rewind_pending is None
-    pending = {"savepoint": "sp-0042", "epoch": 7, "at": NOW - 60}
-    LocalStore(root).write_json(f"jobs/{JOB}/rewind-pending.json", pending)
+    halfway = {"savepoint": "sp-0042", "seq": 30, "epoch": 7, "at": NOW - 60}
+    LocalStore(root).write_json(f"jobs/{JOB}/rewind-pending.json", halfway)
 
     result = _cli("status", JOB, "--root", str(root), "--json", "--check")
-    assert result.exit_code == 1  # STOPPED, but no start but the savepoint's may run
+    assert result.exit_code == 1  # STOPPED, but no start may run until the rollback ends
     data = json.loads(result.stdout)
-    assert (data["state"], data["healthy"], data["rewind_pending"]) == ("STOPPED", False, pending)
+    assert (data["state"], data["healthy"], data["rewind_pending"]) == ("STOPPED", False, halfway)
     table = _cli("status", JOB, "--root", str(root)).stdout
-    assert "rollback left halfway" in table and "--from-savepoint sp-0042" in table
+    assert "rollback left halfway" in table and "run the rollback again" in table
+    assert "--from-savepoint" not in table  # tables not all restored: no start may run
+
+    restored = {**halfway, "marker_seq": 41}  # every table restored, blue not started
+    LocalStore(root).write_json(f"jobs/{JOB}/rewind-pending.json", restored)
+    assert _cli("status", JOB, "--root", str(root), "--check").exit_code == 1
+    table = _cli("status", JOB, "--root", str(root)).stdout
+    assert "--from-savepoint sp-0042 --takeover" in table
 
 
 def test_cli_unknown_job_is_exit_2_naming_the_real_ones(root: Path) -> None:

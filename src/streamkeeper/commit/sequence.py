@@ -68,3 +68,20 @@ def initial_sequence(
     if head is not None:
         seen.append(int(head["seq"]))
     return max(seen, default=-1) + 1
+
+
+def lineage_position(
+    store: ObjectStore, layout: LineageLayout, targets: dict[str, TableTarget]
+) -> int | None:
+    """The seq whose output the tables hold: the head, or, right after a rollback, the
+    seq of the savepoint it restored (its marker says so). None if it never committed.
+
+    Reads only; tables not created yet are skipped.
+    """
+    committed = [t.committed_seq() for t in targets.values() if t.exists()]
+    near = max(committed, default=-1)
+    head = latest_marker(store, layout, near=near if near >= 0 else None)
+    if head is not None and int(head["seq"]) >= near:
+        rewound = head.get("rewound_to")
+        return int(rewound["seq"]) if rewound else int(head["seq"])
+    return near if near >= 0 else None

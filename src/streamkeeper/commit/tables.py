@@ -93,11 +93,18 @@ def check_table_ownership(target: TableTarget, job: str, shared: bool) -> None:
     )
 
 
-def claim_table(target: TableTarget, job: str, shared: bool) -> None:
-    """Record that this lineage writes the table (read by `check_table_ownership`)."""
+def claim_table(target: TableTarget, job: str, shared: bool, output: str) -> None:
+    """Record that this lineage writes the table (read by `check_table_ownership`, and by a
+    rollback: a merge table shared with another job cannot be rolled back alone)."""
     store = target.location.store()
     key = f"{WRITERS_FOLDER}/{target.lineage}.json"
-    claim = {"lineage": target.lineage, "job": job, "sink": target.sink, "shared": shared}
+    claim = {
+        "lineage": target.lineage,
+        "job": job,
+        "sink": target.sink,
+        "shared": shared,
+        "output": output,
+    }
     if store.read_json(key) != claim:
         store.write_json(key, claim)
 
@@ -123,24 +130,106 @@ def fence_table(target: TableTarget, epoch: int, attempts: int = 5) -> int:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def restore_table(target: TableTarget, version: int, attempts: int = 5) -> int:
-    """Delta RESTORE the table to `version`, retried like a commit.
+def restore_table(target: TableTarget, version: int, epoch: int, attempts: int = 5) -> int:
+    """Delta RESTORE the table to `version` as the lineage's owner of `epoch`.
 
-    A RESTORE whose response was lost (the log entry landed, the answer did not) is made
-    again: each attempt re-reads the table, and restoring a table already at `version`'s
-    content only adds a commit with the same files. A rollback must not stop halfway
-    through its tables for an S3 hiccup.
+    Conditional on the epoch: made from a snapshot whose fence is `epoch`, carrying that
+    fence, and never retried by delta-rs onto a newer snapshot (`max_commit_retries=0`).
+    A newer owner's fence (another rollback, a start after it) makes it fail with
+    FencedError; it can never revert what that owner committed. A RESTORE whose answer
+    was lost is not made twice: the latest commit says it is ours.
 
     Returns:
         The table's version after the restore.
+
+    Raises:
+        FencedError: a newer epoch committed to the table.
     """
     for attempt in _retrying(attempts):
         with attempt:
-            table = target.open()
-            table.restore(version)
+            restored = _restore_once(target, version, epoch)
             injection.reached("table_restore_landed", sink=target.sink)
-            return table.version()
+            return restored
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _restore_once(target: TableTarget, version: int, epoch: int) -> int:
+    from deltalake import CommitProperties, Transaction
+
+    table = target.open()
+    holder = table.transaction_version(target.fence_app_id)
+    if holder is not None and holder > epoch:
+        raise _fenced(target, epoch, holder)
+    mark = f"{epoch}:{version}"
+    if table.history(1)[0].get("streamkeeper.restore") == mark:
+        return table.version()  # ours already (an answer lost)
+    table.restore(
+        version,
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id=target.fence_app_id, version=epoch)],
+            custom_metadata={"streamkeeper.restore": mark, "streamkeeper.lineage": target.lineage},
+            max_commit_retries=0,
+        ),
+    )
+    return table.version()
+
+
+def take_back_files(
+    target: TableTarget, folder: str, after_seq: int, epoch: int, attempts: int = 5
+) -> int:
+    """Remove this lineage's files of the seqs after `after_seq` from a shared table.
+
+    A table other jobs also append to is not RESTOREd (that would take their rows away):
+    only the files this lineage's batches after the savepoint added leave it, found by
+    their folder `{folder}/{seq}/`, in one commit conditional on `epoch` as a RESTORE is.
+
+    Returns:
+        The table's version after it.
+    """
+    for attempt in _retrying(attempts):
+        with attempt:
+            version = _take_back_once(target, folder, after_seq, epoch)
+            injection.reached("table_restore_landed", sink=target.sink)
+            return version
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _take_back_once(target: TableTarget, folder: str, after_seq: int, epoch: int) -> int:
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction
+    from deltalake.transaction import RemoveAction
+
+    table = target.open()
+    holder = table.transaction_version(target.fence_app_id)
+    if holder is not None and holder > epoch:
+        raise _fenced(target, epoch, holder)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    now_ms = int(time.time() * 1000)
+    removes = [
+        RemoveAction(path, True, now_ms, size, {})
+        for path, size in zip(
+            actions.column("path").to_pylist(),
+            actions.column("size_bytes").to_pylist(),
+            strict=True,
+        )
+        if path.startswith(f"{folder}/") and int(path.split("/")[1]) > after_seq
+    ]
+    if not removes:
+        return table.version()
+    table.create_write_transaction(
+        removes,
+        mode="append",
+        schema=table.schema(),
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction(app_id=target.fence_app_id, version=epoch)],
+            custom_metadata={
+                "streamkeeper.restore": f"{epoch}:after-{after_seq}",
+                "streamkeeper.lineage": target.lineage,
+            },
+            max_commit_retries=0,
+        ),
+    )
+    return table.version() + 1
 
 
 def _retrying(attempts: int) -> Retrying:

@@ -8,6 +8,7 @@
     {root}/lineages/{lineage}/checkpoints/files/{sha256}       their files, content-addressed
     {root}/lineages/{lineage}/checkpoints/index.json        retained checkpoints, savepoint
                                                             pins, owner epoch (CAS)
+    {root}/lineages/{lineage}/rollback.json                 the latest rollback (CAS by epoch)
     {root}/lineages/{lineage}/savepoints/registry.json      savepoints, protection, holds (CAS)
     {root}/lineages/{lineage}/savepoints/{id}/manifest.json a savepoint (its commit point)
     {root}/lineages/{lineage}/savepoints/{id}/checkpoint/   a self-contained savepoint's files
@@ -116,6 +117,12 @@ class LineageLayout:
         """Written by a rollback before it restores the job's tables, deleted by the start
         from its savepoint: until then only that start may run (runtime/runner.py)."""
         return f"{self.job_base}/rewind-pending.json"
+
+    @property
+    def rollback(self) -> str:
+        """The lineage's latest rollback (its epoch, savepoint, seq): written before its
+        first RESTORE, kept. No WAL manifest of an older epoch is ever committed."""
+        return f"{self.base}/rollback.json"
 
     @property
     def checkpoint_index(self) -> str:

@@ -98,12 +98,9 @@ class StatusReport:
         """What to do about a rollback left halfway, or None."""
         if self.rewind_pending is None:
             return None
-        savepoint = self.rewind_pending.get("savepoint")
-        return (
-            f"a rollback restored the tables to savepoint {savepoint} and did not finish: "
-            f"run the rollback again, or start from it (--from-savepoint {savepoint} "
-            "--allow-rewind --takeover); any other start is refused"
-        )
+        from streamkeeper.lineage.rewind import rewind_advice
+
+        return rewind_advice(self.rewind_pending)
 
     def to_json(self) -> dict[str, Any]:
         head = self.head

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from streamkeeper.lineage.layout import LineageLayout, seq_of
-from streamkeeper.snapshots.index import CheckpointIndex, IndexWriter
+from streamkeeper.snapshots.index import CheckpointIndex, IndexWriter, unique_entries
 from streamkeeper.snapshots.manifest import read_manifest
 from streamkeeper.storage import ObjectStore
 
@@ -96,13 +96,36 @@ def apply_retention(writer: IndexWriter, retained: int, keys_of: KeysOf) -> Rete
     before = writer.read()
 
     def keep_newest(index: CheckpointIndex) -> None:
+        # By distinct id: an index written before entries were unique may repeat one.
         pinned = set(index.pins.values())
-        unpinned = [e for e in index.checkpoints if e.id not in pinned]
-        drop = {e.id for e in unpinned[:-retained]}
-        index.checkpoints = [e for e in index.checkpoints if e.id not in drop]
+        unpinned = sorted({e.id for e in index.checkpoints} - pinned)
+        drop = set(unpinned[:-retained])
+        index.checkpoints = unique_entries(e for e in index.checkpoints if e.id not in drop)
 
     after = writer.update(keep_newest)
     return _drop(writer, before, after, keys_of)
+
+
+def forget_checkpoints_after(
+    store: ObjectStore, layout: LineageLayout, epoch: int, seq: int
+) -> RetentionReport:
+    """A rollback to the savepoint at `seq`: the checkpoints after it leave the index (and
+    their files no other checkpoint references go), unless a savepoint pins them. The
+    latest externalized checkpoint is then of the savepoint's era again: a restore of it
+    never resumes the state the rollback took back.
+
+    Raises:
+        FencedError: a newer runner owns the index (nothing is deleted).
+    """
+    writer = IndexWriter(store, layout, epoch)
+    before = writer.read()
+
+    def keep_up_to(index: CheckpointIndex) -> None:
+        pinned = set(index.pins.values())
+        index.checkpoints = [e for e in index.checkpoints if e.id <= seq or e.id in pinned]
+
+    after = writer.update(keep_up_to)
+    return _drop(writer, before, after, ManifestKeys(store, layout))
 
 
 def discard_all(writer: IndexWriter, keys_of: KeysOf) -> RetentionReport:

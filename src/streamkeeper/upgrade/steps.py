@@ -9,7 +9,7 @@ The Airflow operators call these, so do the tests and `benchmarks/upgrade.py`:
     request_handover   `shadow` -> `handover_requested`; green's shadow run stopped
     handover_gap       blue's last live commit -> green's first (once green committed)
     promote_upgrade    `live` -> `promoted` after probation
-    roll_back          fence, Delta RESTORE to a savepoint's table versions (the restart
+    (roll back)        upgrade/rollback.py: the tables back to a savepoint (the restart
                        from the savepoint is the launcher's: the caller starts blue)
 """
 
@@ -22,17 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamkeeper import injection
 from streamkeeper.client import StreamkeeperClient
-from streamkeeper.commit.tables import TableTarget, fence_table, restore_table
 from streamkeeper.errors import StreamkeeperError
-from streamkeeper.lineage.control import ControlPlane
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import marker_seqs_after
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointRegistry, check_savepoint_id
-from streamkeeper.storage import Location
-from streamkeeper.upgrade import points
 from streamkeeper.upgrade.compare import Comparison, SinkSide, compare_outputs
 from streamkeeper.upgrade.record import UpgradeError, UpgradeRecord, UpgradeRecords
 from streamkeeper.upgrade.shadow import shadow_job_name, shadow_table
@@ -289,65 +284,17 @@ def promote_upgrade(
     records = UpgradeRecords(client.store, job)
     record = records.advance(upgrade_id, ("live",), "promoted", probation=probation)
     _release(client, record, record.blue["savepoint"])
+    release_rollback_target(client, record)
     return record
 
 
-@dataclass(frozen=True)
-class TablesRestored:
-    epoch: int
-    tables: dict[str, dict[str, int | None]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "tables": self.tables}
-
-
-def restore_tables(
-    client: StreamkeeperClient, job: str, manifest: SavepointManifest
-) -> TablesRestored:
-    """Fence the lineage, then Delta RESTORE each table to its version at the savepoint.
-
-    The fence (the lineage's next epoch, committed to every table) comes first, so no
-    runner of the lineage (green still stopping, or a lost driver) can commit after the
-    restore: the restart from the savepoint takes the epoch after it (`--takeover`).
-
-    Raises:
-        UpgradeError: the savepoint recorded no version for a table.
-    """
-    missing = sorted(n for n, t in manifest.tables.items() if t.version is None)
-    if missing:
-        raise UpgradeError(
-            f"savepoint {manifest.id!r} recorded no table version for {', '.join(missing)}: "
-            "it cannot be a rollback target; pick a later savepoint"
-        )
-    injection.load_from_environment()  # an Airflow task's process: the chaos tests' faults
-    layout = LineageLayout(client.location, manifest.lineage, job)
-    lease = ControlPlane(client.store, layout).acquire(takeover=True)
-    # Before the first table changes: a start that is not from this savepoint is refused
-    # until one from it has run, so a rollback failing halfway cannot be resumed past.
-    pending = {"savepoint": manifest.id, "epoch": lease.epoch, "at": time.time()}
-    client.store.write_json(layout.rewind_pending, pending)
-    targets = {
-        name: TableTarget(
-            name,
-            Location(seq.table, client.location.s3),
-            layout.data_app_id(name),
-            layout.fence_app_id(),
-        )
-        for name, seq in manifest.tables.items()
-    }
-    for target in targets.values():
-        fence_table(target, lease.epoch)
-    points.reached("rollback_after_fence")
-    restored: dict[str, dict[str, int | None]] = {}
-    for index, (name, target) in enumerate(targets.items()):
-        if index > 0:
-            points.reached("rollback_between_restores")
-        version = int(manifest.tables[name].version)  # type: ignore[arg-type]
-        before = target.open().version()
-        now = restore_table(target, version)
-        restored[name] = {"from": before, "to": version, "now": now}
-        log.info("table %s restored to version %s (was %d)", target.location.uri, version, before)
-    return TablesRestored(lease.epoch, restored)
+def release_rollback_target(client: StreamkeeperClient, record: UpgradeRecord) -> None:
+    """The upgrade ended (promoted, or rolled back and blue running again): S1 is no
+    longer held for it (savepoint retention may delete it like any other, unless the job
+    was restored from it)."""
+    handover = record.handover or {}
+    if handover.get("blue_savepoint"):
+        _release(client, record, handover["blue_savepoint"])
 
 
 def set_aside(directory: str | Path, label: str) -> str | None:
