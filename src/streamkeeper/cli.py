@@ -124,8 +124,16 @@ def run(
         bool,
         typer.Option(
             "--allow-rewind",
-            help="Restore a savepoint older than the lineage's head: the batches after it "
-            "run again (their committed output stays).",
+            help="Restore a savepoint or checkpoint older than where the lineage stands: the "
+            "batches after it run again (their committed output stays: written twice).",
+        ),
+    ] = False,
+    allow_fresh_start: Annotated[
+        bool,
+        typer.Option(
+            "--allow-fresh-start",
+            help="Start a new query on an empty checkpoint directory although the lineage "
+            "has committed: its sources start over (refused otherwise).",
         ),
     ] = False,
     uid_mapping: Annotated[
@@ -173,6 +181,7 @@ def run(
             run_token=run_token,
             from_savepoint=from_savepoint,
             allow_rewind=allow_rewind,
+            allow_fresh_start=allow_fresh_start,
             uid_mapping=mapping,
             allow_non_restored_state=allow_non_restored_state,
         )

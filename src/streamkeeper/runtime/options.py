@@ -22,7 +22,10 @@ class RunOptions:
     # record, so a retried starter finds the driver it launched instead of starting another.
     run_token: str | None = None
     from_savepoint: str | None = None  # restore this savepoint first: an id, or a copied folder
-    allow_rewind: bool = False  # restore a savepoint the lineage's head is past
+    allow_rewind: bool = False  # restore a savepoint or checkpoint the lineage is past
+    # Start a new query on an empty checkpoint directory although the lineage committed:
+    # its sources start over (what a start refuses otherwise: ownership.check_fresh_start).
+    allow_fresh_start: bool = False
     uid_mapping: dict[str, str] = field(default_factory=dict)  # canonical: old uid -> new
     allow_non_restored_state: bool = False  # canonical: state of operators the job lost
     command_poll_interval: float = 1.0  # how often the commands folder is listed

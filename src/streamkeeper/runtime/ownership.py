@@ -29,17 +29,23 @@ from streamkeeper.commit.maintenance import (
     lineage_protected_seqs,
 )
 from streamkeeper.commit.recovery import RecoveryReport, recover
-from streamkeeper.commit.sequence import CommitSequence, initial_sequence, lineage_head
+from streamkeeper.commit.sequence import (
+    CommitSequence,
+    initial_sequence,
+    lineage_head,
+    lineage_position,
+)
 from streamkeeper.commit.tables import claim_table, ensure_table, fence_table
 from streamkeeper.commit.wal import WriteAheadLog
 from streamkeeper.errors import (
+    CheckpointRestoreError,
     FencedError,
     IncompatibleSavepointError,
     RewindPendingError,
     SavepointError,
 )
 from streamkeeper.lineage.control import ControlPlane, Fence
-from streamkeeper.lineage.markers import latest_marker
+from streamkeeper.lineage.rewind import rewind_advice
 from streamkeeper.observability.health import CheckpointHealth
 from streamkeeper.runtime.job import JobPaths
 from streamkeeper.runtime.options import RunOptions
@@ -71,6 +77,7 @@ class LineageStart:
         """Step 1: everything a start checks before it changes anything; reads only."""
         self.check_restore_options()
         self.check_rewind_pending()
+        self.check_fresh_start()
 
     def take(self) -> Fence:
         """Step 2: the lineage's next epoch."""
@@ -94,14 +101,17 @@ class LineageStart:
                 "--from-checkpoint and --from-savepoint exclude each other; pass one"
             )
         if options.from_checkpoint is not None:
-            check_restorable(
-                self.store, self.paths.layout, self.paths.checkpoint_dir, options.from_checkpoint
-            )
+            self.check_checkpoint_restore(options.from_checkpoint)
         if options.from_savepoint is None:
-            if options.uid_mapping or options.allow_non_restored_state or options.allow_rewind:
+            if options.uid_mapping or options.allow_non_restored_state:
                 raise SavepointError(
-                    "--uid-mapping, --allow-non-restored-state and --allow-rewind apply to "
-                    "a restore from a savepoint; add --from-savepoint ID, or drop them"
+                    "--uid-mapping and --allow-non-restored-state apply to a restore from a "
+                    "savepoint; add --from-savepoint ID, or drop them"
+                )
+            if options.allow_rewind and options.from_checkpoint is None:
+                raise SavepointError(
+                    "--allow-rewind applies to a restore (--from-savepoint ID or "
+                    "--from-checkpoint ID); add one, or drop it"
                 )
             return
         self.restore = plan = plan_restore(
@@ -109,7 +119,7 @@ class LineageStart:
             self.paths.layout,
             options.from_savepoint,
             self.paths.checkpoint_dir,
-            head_seq=self.committed_seq(),
+            head_seq=self.position(),
             allow_rewind=options.allow_rewind,
             shadow_of=options.shadow_of,
         )
@@ -152,24 +162,70 @@ class LineageStart:
         savepoint may run (state the tables no longer hold would otherwise run on them)."""
         self.rewind_pending = pending = self.store.read_json(self.paths.layout.rewind_pending)
         restoring = None if self.restore is None else self.restore.manifest.id
-        if pending is not None and pending.get("savepoint") != restoring:
-            savepoint = pending.get("savepoint")
-            raise RewindPendingError(
-                f"job {self.spec.name!r}: a rollback restored its tables to savepoint "
-                f"{savepoint!r} and did not finish; a start from "
-                f"{'its head' if restoring is None else repr(restoring)} would run state "
-                "the tables no longer hold. Run the rollback again, or start from that "
-                f"savepoint: --from-savepoint {savepoint} --allow-rewind --takeover"
-            )
+        if pending is None:
+            return
+        if pending.get("marker_seq") is None or pending.get("savepoint") != restoring:
+            raise RewindPendingError(f"job {self.spec.name!r}: {rewind_advice(pending)}")
 
-    def committed_seq(self) -> int | None:
-        """The highest seq the lineage committed anywhere (None if it never did); reads only."""
-        targets = self.paths.targets.values()
-        committed = [t.committed_seq() for t in targets if t.exists()]
-        near = max(committed, default=-1)
-        head = latest_marker(self.store, self.paths.layout, near=near if near >= 0 else None)
-        seen = [*committed, -1 if head is None else int(head["seq"])]
-        return max(seen) if max(seen) >= 0 else None
+    def position(self) -> int | None:
+        """The seq whose output the tables hold (None if the lineage never committed)."""
+        return lineage_position(self.store, self.paths.layout, self.paths.targets)
+
+    def check_checkpoint_restore(self, checkpoint: str) -> None:
+        """An externalized checkpoint older than where the lineage stands rewinds it: the
+        batches after it would be written again. Refused unless asked for, as a savepoint."""
+        layout = self.paths.layout
+        manifest = check_restorable(self.store, layout, self.paths.checkpoint_dir, checkpoint)
+        position = self.position()
+        if position is None or manifest.checkpoint_id >= position or self.options.allow_rewind:
+            return
+        raise CheckpointRestoreError(
+            f"checkpoint {manifest.checkpoint_id} (batch {manifest.batch_id}) is older than "
+            f"where lineage {layout.lineage!r} stands (seq {position}): restoring it rewinds "
+            "the job, and the batches after it run again, their output written twice. "
+            "Restore the latest checkpoint (--from-checkpoint latest), or pass --allow-rewind "
+            "to rewind anyway"
+        )
+
+    def check_fresh_start(self) -> None:
+        """A start with nothing to resume from, under a lineage that committed, would run a
+        new query that reads its input from the start and writes it all again."""
+        options = self.options
+        restoring = options.from_checkpoint is not None or options.from_savepoint is not None
+        directory = self.paths.checkpoint_dir
+        if restoring or options.allow_fresh_start or SparkCheckpoint(directory).query_id():
+            return
+        position = self.position()
+        if position is None:
+            return
+        raise CheckpointRestoreError(
+            f"job {self.spec.name!r}: its checkpoint directory {str(directory)!r} holds no "
+            f"checkpoint, but lineage {self.paths.layout.lineage!r} has committed up to seq "
+            f"{position}: a new query would read its input from the start again and write it "
+            f"twice. Resume where it stands: {self._restore_advice()}; or, to start the input "
+            "over on purpose, --allow-fresh-start"
+        )
+
+    def _restore_advice(self) -> str:
+        from streamkeeper.snapshots.index import read_index
+        from streamkeeper.snapshots.savepoints import SavepointRegistry
+
+        layout = self.paths.layout
+        advice = []
+        if read_index(self.store, layout).ids:
+            advice.append("--from-checkpoint latest (an externalized checkpoint)")
+        complete = [
+            e
+            for e in SavepointRegistry(self.store, layout).read().savepoints
+            if e.state == "complete"
+        ]
+        if complete:
+            newest = max(complete, key=lambda e: e.seq if e.seq is not None else -1)
+            advice.append(f"--from-savepoint {newest.id} (the newest savepoint)")
+        advice.append(
+            f"or move the job's checkpoint folder back into {str(self.paths.checkpoint_dir)!r}"
+        )
+        return ", ".join(advice)
 
     def clear_rewind_pending(self) -> None:
         """The start from the rolled-back-to savepoint holds its state and owns the tables.
@@ -179,10 +235,16 @@ class LineageStart:
         """
         if self.rewind_pending is None:
             return  # none at the check: nothing of this start's to clear
+        assert self.fence is not None
         layout = self.paths.layout
-        pending = self.store.read_json(layout.rewind_pending)
-        if pending is not None and pending.get("savepoint") == self.rewind_pending["savepoint"]:
-            self.store.delete([layout.rewind_pending])
+        pending, version = self.store.read_versioned(layout.rewind_pending)
+        if (
+            pending is not None
+            and version is not None
+            and pending.get("savepoint") == self.rewind_pending["savepoint"]
+            and int(pending.get("epoch", 0) or 0) < self.fence.epoch  # not a newer rollback's
+            and self.store.delete_if(layout.rewind_pending, version)
+        ):
             log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
 
     def write_job_record(self) -> None:
@@ -219,7 +281,7 @@ class LineageStart:
             target = self.paths.targets[sink.name]
             self.fence.check()
             ensure_table(target, schemas[sink.name])
-            claim_table(target, self.spec.name, sink.shared)
+            claim_table(target, self.spec.name, sink.shared, sink.output)
             try:
                 fence_table(target, self.fence.epoch)
             except FencedError as error:
