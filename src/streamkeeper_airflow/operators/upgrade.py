@@ -385,10 +385,12 @@ class HandoverOperator(_UpgradeTask):
     green's first. The job's launch record becomes green's, so a restart (monitor DAG)
     launches the new version.
 
-    Green known dead after blue stopped and before its first live batch (its heartbeat
-    ended or was lost, or its process exited on this host: `starts.driver_gone`) fails
-    the task at once with a failed probation in the record, so the rollback task returns
-    the job to blue's stop savepoint instead of leaving it down until the timeout.
+    Green known dead before its first live batch (its heartbeat ended or was lost, or its
+    process exited on this host: `starts.driver_gone`) fails the task at once, whatever
+    step of the handover it died at: before blue stopped, the upgrade fails and blue runs
+    on (a stop green sent and blue did not take up yet is withdrawn); after, the record
+    gets a failed probation, so the rollback task starts blue again from its stop
+    savepoint instead of leaving the job down until the timeout.
     """
 
     template_fields: Sequence[str] = (*_UpgradeTask.template_fields, "handover_timeout")
@@ -421,11 +423,13 @@ class HandoverOperator(_UpgradeTask):
                 gap = handover_gap(client, record) if record.phase in ("live", "promoted") else None
                 if gap is not None:
                     break
-                if record.phase == "live" and time.monotonic() >= next_check:
+                if time.monotonic() >= next_check:
                     next_check = time.monotonic() + DEATH_CHECK_SECONDS
                     gone = self._green_gone(record)
-                    if gone is not None:
+                    if gone is not None and record.phase == "live":
                         self._green_died(record, gone)
+                    if gone is not None:
+                        self._settle(client, record, gone)
                 if time.monotonic() > deadline:
                     raise AirflowFailException(
                         f"upgrade {record.id!r} is {record.phase} after "
@@ -460,6 +464,22 @@ class HandoverOperator(_UpgradeTask):
         report = self.hook.status(self.job, missing_ok=True)
         launch = latest_launch(self.hook.store, record.green["shadow_job"])
         return driver_gone(report, launch, token, socket.gethostname())
+
+    def _settle(self, client: Any, record: UpgradeRecord, why: str) -> None:
+        """Green died before the upgrade went live: end the handover here, whatever step
+        it died at (upgrade/handover.py). Returns while blue still answers its stop."""
+        from streamkeeper.upgrade.handover import settle_dead_handover
+
+        settled = settle_dead_handover(client, self.job, record.id, why)
+        if settled is None:
+            self.log.info("green is gone (%s); waiting for blue's answer to its stop", why)
+            return
+        if settled.phase == "failed":
+            raise AirflowFailException(f"upgrade {record.id!r} failed: {settled.reason}")
+        raise AirflowFailException(
+            f"upgrade {record.id!r}: {settled.reason}; the rollback task starts blue again "
+            f"from its stop savepoint {(settled.handover or {}).get('blue_savepoint')}"
+        )
 
     def _green_died(self, record: UpgradeRecord, why: str) -> NoReturn:
         """Green went live (blue is stopped) and died before committing: the upgrade has
@@ -593,7 +613,7 @@ def _verdict(
 class RollbackOperator(StartJobOperator):
     """Return the job to a savepoint: stop the running driver, fence the lineage, Delta
     RESTORE every table to the savepoint's versions, set the checkpoint directory aside
-    and start from the savepoint (`--allow-rewind --takeover`); succeed once it runs and
+    and start from the savepoint (`--takeover`; upgrade/rollback.py); succeed once it runs and
     checkpoints. Live output stays exactly once (UPGRADE.md).
 
     With `upgrade_id` it rolls back that upgrade, and only if green went live and failed
@@ -637,17 +657,28 @@ class RollbackOperator(StartJobOperator):
                 f"spec_path to restore it with; got {self.savepoint_id!r}, {self.spec_path!r}"
             )
         launched = latest_launch(self.hook.store, self.job)
-        if launched is None or launched.token != token:  # a retry after the launch skips this
+        self.start_from = "savepoint"
+        if launched is None or launched.token != token:
             self.check_savepoint()  # before the running job is stopped
             restored = self._restore(context, record)
             if record is not None:
                 records.advance(
                     record.id, ("live", "rolling_back"), "rolling_back", rollback=restored
                 )
+        elif not self._rewind_pending():
+            # A retry after the launch, whose driver took the lineage from the savepoint
+            # (the rollback is complete) and may have committed past it: resume it.
+            self.start_from = "latest_checkpoint"
         points.reached("rollback_before_restart")
-        self.start_from = "savepoint"
         self.takeover = True
         return super().execute(context)
+
+    def _rewind_pending(self) -> bool:
+        from streamkeeper.lineage.layout import LineageLayout
+
+        record = self.hook.client.job_record(self.job)
+        layout = LineageLayout(self.hook.client.location, record.lineage, self.job)
+        return self.hook.store.read_json(layout.rewind_pending) is not None
 
     def _upgrade(self, records: Any) -> UpgradeRecord | None:
         if not self.upgrade_id:
@@ -662,7 +693,8 @@ class RollbackOperator(StartJobOperator):
         )
 
     def _restore(self, context: Context, record: UpgradeRecord | None) -> dict[str, Any]:
-        from streamkeeper.upgrade.steps import restore_tables, savepoint_manifest, set_aside
+        from streamkeeper.upgrade.rollback import restore_tables
+        from streamkeeper.upgrade.steps import savepoint_manifest, set_aside
 
         client = self.hook.client
         self._stop_running(context)
@@ -692,21 +724,20 @@ class RollbackOperator(StartJobOperator):
                 raise AirflowFailException(f"job {self.job!r} did not stop within 300s")
             time.sleep(1.0)
 
-    def launch_request(self, context: Context) -> LaunchRequest:
-        return replace(super().launch_request(context), allow_rewind=True)
-
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         from streamkeeper.upgrade.record import UpgradeRecords
+        from streamkeeper.upgrade.steps import release_rollback_target
 
         result = super().execute_complete(context, event)
         if self.upgrade_id:
             with self.hook._hidden():
-                UpgradeRecords(self.hook.store, self.job).advance(
+                record = UpgradeRecords(self.hook.store, self.job).advance(
                     str(self.upgrade_id),
                     ("rolling_back",),
                     "rolled_back",
                     reason="green failed its probation; blue runs again from its stop savepoint",
                 )
+                release_rollback_target(self.hook.client, record)
         return result
 
 
