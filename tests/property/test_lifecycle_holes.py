@@ -47,10 +47,6 @@ def _handover(scene: Scene, blue: Actor, green_batches: int = 3) -> Actor:
     return green
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="1.1: recovery commits the half-committed batch of a rolled-back green (fixed next)",
-)
 def test_1_1_a_rollback_disposes_of_a_batch_green_half_committed(scene: Scene) -> None:
     """Green commits its first live batch to one table and dies before the next; the
     rollback restores S1 and starts blue from it: blue must not commit green's batch to
@@ -66,10 +62,6 @@ def test_1_1_a_rollback_disposes_of_a_batch_green_half_committed(scene: Scene) -
     scene.finish()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="1.2: a rollback restores a shared table over the other job's commits (fixed next)",
-)
 def test_1_2_a_rollback_never_takes_another_jobs_rows_from_a_shared_table() -> None:
     scene = Scene(shared_table=True, batch_size=2, events=4)
     try:
@@ -86,7 +78,6 @@ def test_1_2_a_rollback_never_takes_another_jobs_rows_from_a_shared_table() -> N
         scene.close()
 
 
-@pytest.mark.xfail(strict=True, reason="1.3: a swept claim can still be sealed (fixed next)")
 def test_1_3_a_claim_swept_by_a_takeover_can_no_longer_be_sealed(scene: Scene) -> None:
     """A takeover's recovery sweeps the files of a batch whose runner is still alive
     (claimed, written, not sealed); that runner must not seal a manifest listing them."""
@@ -101,10 +92,6 @@ def test_1_3_a_claim_swept_by_a_takeover_can_no_longer_be_sealed(scene: Scene) -
     scene.finish()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="1.4: a start on an empty checkpoint folder reads the input again (fixed next)",
-)
 def test_1_4_a_start_that_would_read_the_input_again_is_refused(scene: Scene) -> None:
     """The lineage has committed checkpoints; its checkpoint folder is empty (moved away
     by a handover, or lost): a plain start would run a new query from the input's
@@ -130,10 +117,6 @@ def test_1_4_green_dying_after_blues_stop_is_settled_by_the_dags(scene: Scene) -
     scene.finish()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="1.5: a checkpoint uploaded twice is indexed twice, retention drops both (fixed next)",
-)
 def test_1_5_a_checkpoint_uploaded_twice_is_indexed_once(scene: Scene) -> None:
     """A crash after the upload and before the commit: the next start uploads the same
     checkpoint again; retention must keep it (it counted entries: [.., 12, 12] with
@@ -149,9 +132,6 @@ def test_1_5_a_checkpoint_uploaded_twice_is_indexed_once(scene: Scene) -> None:
     scene.finish()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="1.6: a RESTORE is not conditional on the rollback's epoch (fixed next)"
-)
 def test_1_6_two_rollbacks_at_once_never_revert_each_others_blue(scene: Scene) -> None:
     """Rollback A fences; rollback B fences, restores and starts its blue, which commits;
     A's RESTORE must not revert the commits of B's blue."""
@@ -170,9 +150,6 @@ def test_1_6_two_rollbacks_at_once_never_revert_each_others_blue(scene: Scene) -
     scene.finish()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="1.7: an older externalized checkpoint rewinds silently (fixed next)"
-)
 def test_1_7_a_restoring_an_older_checkpoint_is_a_rewind(scene: Scene) -> None:
     """`--from-checkpoint <older id>` rewinds past the head: refused unless asked for."""
     blue = _blue(scene, batches=2)
@@ -188,7 +165,6 @@ def test_1_7_a_restoring_an_older_checkpoint_is_a_rewind(scene: Scene) -> None:
     scene.finish()
 
 
-@pytest.mark.xfail(strict=True, reason="1.7: the hold on S1 is never released (fixed next)")
 def test_1_7_b_a_promoted_upgrade_releases_its_rollback_target(scene: Scene) -> None:
     blue = _blue(scene)
     green = _handover(scene, blue)
@@ -203,9 +179,6 @@ def test_1_7_b_a_promoted_upgrade_releases_its_rollback_target(scene: Scene) -> 
     scene.finish()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="1.7: green-era files are deleted after a rollback (fixed next)"
-)
 def test_1_7_c_green_era_files_stay_after_a_rollback(scene: Scene) -> None:
     """Green commits a batch everywhere and dies before retiring its manifest; after the
     rollback, the table versions green committed must stay readable (time travel, and

@@ -29,7 +29,8 @@ from streamkeeper.snapshots.spark_checkpoint import SparkCheckpoint
 from streamkeeper.upgrade import points
 from streamkeeper.upgrade.handover import settle_dead_handover, stop_blue
 from streamkeeper.upgrade.record import UpgradeRecords
-from streamkeeper.upgrade.steps import restore_tables, savepoint_manifest, set_aside
+from streamkeeper.upgrade.rollback import restore_tables
+from streamkeeper.upgrade.steps import savepoint_manifest, set_aside
 from tests.support.lifecycle.scheduler import Actor, pause_here
 from tests.support.lifecycle.world import JOB, SCHEMA, SyntheticFrame, SyntheticQuery, World
 
@@ -240,8 +241,7 @@ def rollback(
         restart = plan or RunnerPlan()
         restart = RunnerPlan(
             batches=restart.batches,
-            from_savepoint=savepoint_id,
-            allow_rewind=True,
+            from_savepoint=savepoint_id,  # the tables are at its versions: no rewind
             until_input_ends=restart.until_input_ends,
         )
 
