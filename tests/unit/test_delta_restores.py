@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxFiles
 
 from streamkeeper.errors import SpecError
 from streamkeeper.sources.delta import (
@@ -21,6 +21,7 @@ from streamkeeper.sources.delta import (
     NotAppendOnlyError,
     RestoredBelowReadError,
     table_schema,
+    version_offset,
 )
 from streamkeeper.sources.delta_log import Commit, DataFile, parse_commit, visible_commits
 from streamkeeper.storage import Location
@@ -177,6 +178,23 @@ def test_a_change_commit_the_table_still_holds_stops_the_stream_as_before(
         Stream(producer).run(ReadAllAvailable())
 
 
-def test_restore_options_are_checked() -> None:
+def test_a_stream_that_follows_the_stable_point_holds_at_s1(producer: Producer) -> None:
+    stream = Stream(producer, stablePointOf=producer.job, stablePointRoot=producer.location.uri)
+    record, s1 = producer.hand_over()
+    producer.start()
+    producer.commit(green(range(6, 8)))
+    assert stream.run(ReadMaxFiles(1)) == sorted(blue(range(6)))
+    assert stream.reader.latestOffset(stream.offset, ReadAllAvailable()) == version_offset(
+        s1.tables[producer.sink].version
+    )
+    producer.finish(record, "promoted")
+    assert stream.run() == sorted(green(range(6, 8)))
+
+
+def test_stable_point_options_are_checked() -> None:
+    with pytest.raises(SpecError, match="stablePointOf and stablePointRoot go together"):
+        DeltaConfig.from_options({"table": "/t", "stablePointOf": "orders"})
+    with pytest.raises(SpecError, match="stablePointOf='../x' is not a job name"):
+        DeltaConfig.from_options({"table": "/t", "stablePointOf": "../x", "stablePointRoot": "/r"})
     with pytest.raises(SpecError, match="acceptRestores='yes' must be true or false"):
         DeltaConfig.from_options({"table": "/t", "acceptRestores": "yes"})

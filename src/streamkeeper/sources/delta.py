@@ -14,10 +14,15 @@ target: a stream that has not read them yet never does (`delta_log.visible_commi
 planner looks ahead to the latest version it may read, so a batch never ends inside a
 retracted range); a stream that has read them stops with `RestoredBelowReadError` unless
 `acceptRestores`. A RESTORE is never skipped silently, not even with `skipChangeCommits`.
+
+`stablePointOf` (a job) with `stablePointRoot` (its storage root) reads only up to that
+job's stable point (`streamkeeper.stable`): never the output of an upgrade's green on
+probation, so after a rollback the stream sees only blue's output, once.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from streamkeeper.errors import SourceError, SpecError
+from streamkeeper.errors import SourceError, SpecError, StreamkeeperError
 from streamkeeper.sources.delta_log import (
     Commit,
     DataFile,
@@ -54,6 +59,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from streamkeeper.stable import StableView
+
 __all__ = [  # the log's side lives in delta_log; re-exported for the source's users
     "Commit",
     "DataFile",
@@ -74,7 +81,10 @@ USER_OPTIONS = (
     "startingVersion",
     "skipChangeCommits",
     "acceptRestores",
+    "stablePointOf",
+    "stablePointRoot",
 )
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PARTITION_BYTES = 128 * 1024 * 1024  # files per Spark task, by size
 # Storage settings travel as options; Spark redacts keys matching secret|access.?key.
 _S3_KEYS = ("s3.endpoint", "s3.region", "s3.allowHttp", "s3.accessKey", "s3.secretKey")
@@ -89,6 +99,8 @@ class DeltaConfig:
     starting_version: int | None = None  # first version to stream; default 0
     skip_change_commits: bool = False
     accept_restores: bool = False  # go on past a RESTORE of rows already read
+    stable_job: str | None = None  # stablePointOf: read only up to this job's stable point
+    stable_root: str | None = None  # stablePointRoot: that job's storage root
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DeltaConfig:
@@ -118,13 +130,41 @@ class DeltaConfig:
                 allow_http=given.get("s3.allowhttp") == "true",
             )
         starting = _int_option(given, "startingVersion", minimum=0)
+        stable_job, stable_root = _stable_options(given)
         return cls(
             location=Location(given["table"], s3),
             max_files=_int_option(given, "maxFilesPerTrigger", minimum=1),
             starting_version=starting,
             skip_change_commits=_bool_option(given, "skipChangeCommits"),
             accept_restores=_bool_option(given, "acceptRestores"),
+            stable_job=stable_job,
+            stable_root=stable_root,
         )
+
+    def stable_view(self) -> StableView | None:
+        """The producing job's stable view (driver side), if the stream follows it."""
+        if self.stable_job is None or self.stable_root is None:
+            return None
+        from streamkeeper.stable import StableView
+
+        return StableView(Location(self.stable_root, self.location.s3), self.stable_job)
+
+
+def _stable_options(given: Mapping[str, str]) -> tuple[str | None, str | None]:
+    job = (given.get("stablepointof") or "").strip() or None
+    root = (given.get("stablepointroot") or "").strip() or None
+    if (job is None) != (root is None):
+        raise SpecError(
+            "source options stablePointOf and stablePointRoot go together: name the job "
+            "writing source.table and its storage root, e.g. stablePointOf: orders, "
+            f"stablePointRoot: s3://bucket/prefix (got {job!r} and {root!r})"
+        )
+    if job is not None and not _JOB_NAME.fullmatch(job):
+        raise SpecError(
+            f"source option stablePointOf={job!r} is not a job name; use the producing "
+            "job's spec `name`, e.g. stablePointOf: orders"
+        )
+    return job, root
 
 
 def location_options(location: Location) -> dict[str, str]:
@@ -314,10 +354,12 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: int | None = None  # Trigger.AvailableNow stops here
         self._commits: dict[int, Commit] = {}  # commits read, until their batch is done
         self._table: DeltaTable | None = None  # kept up to date incrementally
+        self._stable: StableView | None = None  # the producing job's, if followed
+        self._stable_sink = ""
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors need the config and schema only; a DeltaTable does not pickle.
-        return {**self.__dict__, "_commits": {}, "_table": None}
+        return {**self.__dict__, "_commits": {}, "_table": None, "_stable": None}
 
     def _latest_version(self) -> int:
         """The table's latest version; after the first call, reads only new commits."""
@@ -327,10 +369,24 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._table.update_incremental()
         return self._table.version()
 
+    def _stable_version(self) -> int | None:
+        """The table's version at the producing job's stable point (-1: none; None: not
+        followed). Read on every trigger: an upgrade may start or end at any time."""
+        if self.config.stable_job is None:
+            return None
+        if self._stable is None:
+            self._stable = self.config.stable_view()
+            assert self._stable is not None
+            self._stable_sink = self._stable.sink_of(self.config.location.uri)
+        point = self._stable.point()
+        return -1 if point is None else point.versions.get(self._stable_sink, -1)
+
     def _cap(self) -> int:
         """The latest version the next batch may reach."""
         latest = self._latest_version()
-        return latest if self.target is None else min(latest, self.target)
+        cap = latest if self.target is None else min(latest, self.target)
+        stable = self._stable_version()
+        return cap if stable is None else min(cap, stable)
 
     def _commit_at(self, version: int) -> Commit:
         commit = self._commits.get(version)
@@ -372,7 +428,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = parse_version(start)
         cap = self._cap()
-        if cap <= begin:  # nothing new
+        if cap <= begin:  # nothing new, or held at the stable point
             return version_offset(begin)
         max_files = limit.max_files if isinstance(limit, ReadMaxFiles) else None
         # Walked back from the cap, not forward from the start: a batch must never end
@@ -430,12 +486,41 @@ def build_delta_source(spark: SparkSession, source: SourceSpec) -> DataFrame:
     AWS_* environment (as sink tables do).
 
     Raises:
-        SpecError: a bad option.
+        SpecError: a bad option, or stablePointOf names no job writing the table.
         SourceError: the table does not exist or cannot be streamed.
     """
     location = Location(resolve_root(source.table or ""), S3Settings.from_env())
     options = {**source.options, **location_options(location)}
-    DeltaConfig.from_options(options)  # fail here, with the fix, not in a Spark task
+    config = DeltaConfig.from_options(options)  # fail here, with the fix, not in a Spark task
+    if config.stable_root is not None:
+        options = {**options, **_stable_root_option(options, config)}
+        check_stable_source(DeltaConfig.from_options(options))
     schema = table_schema(location)
     spark.dataSource.register(DeltaDataSource)
     return spark.readStream.format(FORMAT).schema(schema).options(**options).load()
+
+
+def _stable_root_option(options: Mapping[str, str], config: DeltaConfig) -> dict[str, str]:
+    """stablePointRoot as an absolute root (a local one is relative to the working dir)."""
+    keys = [k for k in options if k.lower() == "stablepointroot"]
+    return {key: resolve_root(config.stable_root or "") for key in keys}
+
+
+def check_stable_source(config: DeltaConfig) -> None:
+    """The job stablePointOf names exists under stablePointRoot and writes source.table.
+
+    Raises:
+        SpecError: naming the bad value and the fix (reads only).
+    """
+    try:
+        view = config.stable_view()
+        if view is not None:
+            view.sink_of(config.location.uri)
+            view.point()  # its records are readable
+    except SpecError:
+        raise
+    except StreamkeeperError as error:
+        raise SpecError(
+            f"source option stablePointOf={config.stable_job!r} with stablePointRoot="
+            f"{config.stable_root!r}: {error}"
+        ) from None
