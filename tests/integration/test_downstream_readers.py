@@ -165,3 +165,24 @@ def test_a_stable_point_option_naming_no_writer_of_the_table_fails_before_spark(
             build_delta_source(None, source)  # type: ignore[arg-type] - never reached
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert [p for p in after if p not in before] == [Path("other")]  # the test's own folder
+
+
+@pytest.mark.s3
+def test_a_restore_is_found_in_a_log_on_s3(s3_root: str) -> None:
+    """The stable view and the planner probe the log past its end: S3 says 'no such key'."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from streamkeeper.sources.delta_log import read_commit_if_any
+    from streamkeeper.storage import Location, S3Settings
+
+    location = Location(f"{s3_root}/tables/events", S3Settings.from_env())
+    options = location.storage_options()
+    for value in range(3):
+        write_deltalake(
+            location.uri, pa.table({"v": [value]}), mode="append", storage_options=options
+        )
+    DeltaTable(location.uri, storage_options=options).restore(0)
+    restore = read_commit_if_any(location, 3)
+    assert restore is not None and (restore.is_restore, restore.restored_to) == (True, 0)
+    assert read_commit_if_any(location, 4) is None

@@ -23,7 +23,13 @@ from streamkeeper.sources.delta import (
     table_schema,
     version_offset,
 )
-from streamkeeper.sources.delta_log import Commit, DataFile, parse_commit, visible_commits
+from streamkeeper.sources.delta_log import (
+    Commit,
+    DataFile,
+    files_read_before,
+    parse_commit,
+    visible_commits,
+)
 from streamkeeper.storage import Location
 from tests.support.producer import Producer, Row
 
@@ -67,6 +73,17 @@ def test_a_restore_below_the_start_is_reported_and_ends_the_walk() -> None:
     assert ([c.version for c in visited], below) == ([4, 5], [4])
     visited = visible_commits(5, 6, log.__getitem__, lambda c: below.append(c.version))
     assert ([c.version for c in visited], below) == ([6], [4, 6])  # target unknown
+
+
+def test_only_versions_read_that_appended_rows_count_as_read() -> None:
+    fence = Commit(3, "WRITE")  # an empty commit: a runner's epoch
+    log = _log(*(_append(v) for v in range(3)), fence, _append(4), _restore(5, 2))
+    restore = log[5]
+    assert files_read_before("/t", restore, 3, 0, log.__getitem__) == (3, [])
+    first, read = files_read_before("/t", restore, 4, 0, log.__getitem__)
+    assert (first, [f.uri for f in read]) == (3, ["/t/4.parquet"])
+    # A stream that began after the retracted versions read none of them.
+    assert files_read_before("/t", restore, 4, 5, log.__getitem__) == (5, [])
 
 
 # -- the planner over a real table -----------------------------------------------------
