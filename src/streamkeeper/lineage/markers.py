@@ -55,6 +55,35 @@ def latest_marker(
         step *= 16
 
 
+def marker_at_or_below(
+    store: ObjectStore,
+    layout: LineageLayout,
+    seq: int,
+    accept: Callable[[dict[str, Any]], bool] | None = None,
+) -> dict[str, Any] | None:
+    """The marker with the highest seq at or below `seq` that `accept` takes, or None.
+
+    One read if marker `seq` exists and is taken (a savepoint's is kept); otherwise only
+    the keys after a point below `seq` are listed, the point moving down geometrically.
+    """
+    exact = store.read_json(layout.marker(seq))
+    if exact is not None and (accept is None or accept(exact)):
+        return exact
+    step, checked = 16, seq  # markers at or above `checked` were looked at
+    while True:
+        start = seq - step
+        after = None if start < 0 else layout.marker(start)
+        for key in reversed(store.list(layout.markers, start_after=after)):
+            if not key.endswith(".json") or seq_of(key) >= checked:
+                continue
+            marker = store.read_json(key)
+            if marker is not None and (accept is None or accept(marker)):
+                return marker
+        if start < 0:
+            return None
+        checked, step = start + 1, step * 16
+
+
 def marker_seqs_after(store: ObjectStore, layout: LineageLayout, seq: int) -> list[int]:
     """Seqs of the markers above `seq`."""
     return [seq_of(k) for k in store.list(layout.markers, start_after=layout.marker(seq))]

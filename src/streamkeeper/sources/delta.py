@@ -1,22 +1,31 @@
 """A Delta table as a replayable source: offsets are table versions.
 
-Batch (start, end] holds the rows that commits start+1..end appended. The planner reads
-those versions' commit files (`_delta_log/{version}.json`, no delta-spark) and keeps the
-files each commit added; tasks read exactly those Parquet files. Versions are immutable,
-so a replay of a batch reads the same files, and planning costs one small read per new
-commit, never a rebuild of the table's file list. A commit that removed files (DELETE,
-UPDATE, MERGE, overwrite) or marked rows deleted with deletion vectors has no
-append-only meaning: the stream stops and names its version, unless `skipChangeCommits`
-is set. OPTIMIZE only rewrites rows already read and is skipped.
+Batch (start, end] holds the rows that commits start+1..end appended and the table still
+holds at `end`. The planner reads those versions' commit files (`_delta_log/{version}.json`,
+no delta-spark) and keeps the files each commit added; tasks read exactly those Parquet
+files. Versions are immutable, so a replay of a batch reads the same files, and planning
+costs one small read per new commit, never a rebuild of the table's file list. A commit
+that removed files (DELETE, UPDATE, MERGE, overwrite) or marked rows deleted with deletion
+vectors has no append-only meaning: the stream stops and names its version, unless
+`skipChangeCommits` is set. OPTIMIZE only rewrites rows already read and is skipped.
+
+A RESTORE (a rollback of the job writing the table) retracts the versions after its
+target: a stream that has not read them yet never does (`delta_log.visible_commits`; the
+planner looks ahead to the latest version it may read, so a batch never ends inside a
+retracted range); a stream that has read them stops with `RestoredBelowReadError` unless
+`acceptRestores`. A RESTORE is never skipped silently, not even with `skipChangeCommits`.
+
+`stablePointOf` (a job) with `stablePointRoot` (its storage root) reads only up to that
+job's stable point (`streamkeeper.stable`): never the output of an upgrade's green on
+probation, so after a rollback the stream sees only blue's output, once.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -26,7 +35,20 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from streamkeeper.errors import SourceError, SpecError
+from streamkeeper.errors import SourceError, SpecError, StreamkeeperError
+from streamkeeper.sources.delta_log import (
+    Commit,
+    DataFile,
+    DeletionVectorError,
+    NotAppendOnlyError,
+    RestoredBelowReadError,
+    appended_files,
+    files_read_before,
+    first_line,
+    parse_commit,
+    read_commit,
+    visible_commits,
+)
 from streamkeeper.sources.offsets import parse_int_offset
 from streamkeeper.spec import SourceSpec
 from streamkeeper.storage import Location, S3Settings, resolve_root
@@ -37,44 +59,35 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from streamkeeper.stable import StableView
+
+__all__ = [  # the log's side lives in delta_log; re-exported for the source's users
+    "Commit",
+    "DataFile",
+    "DeletionVectorError",
+    "DeltaConfig",
+    "DeltaDataSource",
+    "DeltaStreamReader",
+    "NotAppendOnlyError",
+    "RestoredBelowReadError",
+    "appended_files",
+    "build_delta_source",
+    "parse_commit",
+]
+
 FORMAT = "streamkeeper_delta"
-USER_OPTIONS = ("maxFilesPerTrigger", "startingVersion", "skipChangeCommits")
-# Commits that only rearrange rows already in the table (dataChange=false).
-REARRANGING_OPERATIONS = frozenset({"OPTIMIZE"})
+USER_OPTIONS = (
+    "maxFilesPerTrigger",
+    "startingVersion",
+    "skipChangeCommits",
+    "acceptRestores",
+    "stablePointOf",
+    "stablePointRoot",
+)
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PARTITION_BYTES = 128 * 1024 * 1024  # files per Spark task, by size
 # Storage settings travel as options; Spark redacts keys matching secret|access.?key.
 _S3_KEYS = ("s3.endpoint", "s3.region", "s3.allowHttp", "s3.accessKey", "s3.secretKey")
-
-
-class NotAppendOnlyError(SourceError):
-    """A commit in a batch's range removed files: its rows are not appends."""
-
-    def __init__(self, table: str, version: int, operation: str | None, removed: int) -> None:
-        self.version = version
-        super().__init__(
-            f"Delta table {table!r} is not append-only: version {version} "
-            f"({operation or 'unknown operation'}) removed {removed} file(s), so it cannot be "
-            "streamed as appends. Stream an append-only table, set "
-            "source.options.skipChangeCommits: true to skip such commits (their changes are "
-            "not streamed), or start a new checkpoint with "
-            f"source.options.startingVersion: {version + 1}"
-        )
-
-
-class DeletionVectorError(SourceError):
-    """A commit in a batch's range marked rows deleted with deletion vectors."""
-
-    def __init__(self, table: str, version: int, operation: str | None, files: int) -> None:
-        self.version = version
-        super().__init__(
-            f"Delta table {table!r} version {version} ({operation or 'unknown operation'}) "
-            f"wrote deletion vectors for {files} file(s): rows were deleted in place, which "
-            "cannot be streamed as appends (this source reads whole Parquet files). Stream a "
-            "table without deletion vectors (delta.enableDeletionVectors=false), set "
-            "source.options.skipChangeCommits: true to skip such commits (their changes are "
-            "not streamed), or start a new checkpoint with "
-            f"source.options.startingVersion: {version + 1}"
-        )
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,9 @@ class DeltaConfig:
     max_files: int | None = None  # maxFilesPerTrigger (whole commits; at least one)
     starting_version: int | None = None  # first version to stream; default 0
     skip_change_commits: bool = False
+    accept_restores: bool = False  # go on past a RESTORE of rows already read
+    stable_job: str | None = None  # stablePointOf: read only up to this job's stable point
+    stable_root: str | None = None  # stablePointRoot: that job's storage root
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> DeltaConfig:
@@ -114,12 +130,41 @@ class DeltaConfig:
                 allow_http=given.get("s3.allowhttp") == "true",
             )
         starting = _int_option(given, "startingVersion", minimum=0)
+        stable_job, stable_root = _stable_options(given)
         return cls(
             location=Location(given["table"], s3),
             max_files=_int_option(given, "maxFilesPerTrigger", minimum=1),
             starting_version=starting,
             skip_change_commits=_bool_option(given, "skipChangeCommits"),
+            accept_restores=_bool_option(given, "acceptRestores"),
+            stable_job=stable_job,
+            stable_root=stable_root,
         )
+
+    def stable_view(self) -> StableView | None:
+        """The producing job's stable view (driver side), if the stream follows it."""
+        if self.stable_job is None or self.stable_root is None:
+            return None
+        from streamkeeper.stable import StableView
+
+        return StableView(Location(self.stable_root, self.location.s3), self.stable_job)
+
+
+def _stable_options(given: Mapping[str, str]) -> tuple[str | None, str | None]:
+    job = (given.get("stablepointof") or "").strip() or None
+    root = (given.get("stablepointroot") or "").strip() or None
+    if (job is None) != (root is None):
+        raise SpecError(
+            "source options stablePointOf and stablePointRoot go together: name the job "
+            "writing source.table and its storage root, e.g. stablePointOf: orders, "
+            f"stablePointRoot: s3://bucket/prefix (got {job!r} and {root!r})"
+        )
+    if job is not None and not _JOB_NAME.fullmatch(job):
+        raise SpecError(
+            f"source option stablePointOf={job!r} is not a job name; use the producing "
+            "job's spec `name`, e.g. stablePointOf: orders"
+        )
+    return job, root
 
 
 def location_options(location: Location) -> dict[str, str]:
@@ -171,73 +216,6 @@ def parse_version(offset: Mapping[str, Any]) -> int:
         SourceError: the offset is not a Delta offset (the checkpoint belongs to another source).
     """
     return parse_int_offset(offset, "version", -1, "Delta")
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One Parquet file a commit added."""
-
-    uri: str
-    size: int
-    partition_values: tuple[tuple[str, Any], ...] = ()
-
-
-@dataclass(frozen=True)
-class Commit:
-    """What one table version did, from its commit file."""
-
-    version: int
-    operation: str | None = None
-    added: tuple[DataFile, ...] = ()  # in path order
-    removed: int = 0  # remove actions
-    deletion_vectors: int = 0  # add actions carrying a deletion vector
-
-
-def parse_commit(root: str, version: int, lines: Iterable[str]) -> Commit:
-    """The actions of commit file `version` (one JSON action per line) of table `root`."""
-    operation: str | None = None
-    added: dict[str, DataFile] = {}
-    removed = deletion_vectors = 0
-    for line in lines:
-        if not line.strip():
-            continue
-        action = json.loads(line)
-        if "commitInfo" in action:
-            operation = (action["commitInfo"] or {}).get("operation")
-        elif "remove" in action:
-            removed += 1
-        elif "add" in action:
-            add = action["add"]
-            if add.get("deletionVector"):
-                deletion_vectors += 1
-            values = tuple(sorted((add.get("partitionValues") or {}).items()))
-            added[add["path"]] = DataFile(_file_uri(root, add["path"]), add["size"], values)
-    return Commit(
-        version=version,
-        operation=operation,
-        added=tuple(added[path] for path in sorted(added)),
-        removed=removed,
-        deletion_vectors=deletion_vectors,
-    )
-
-
-def appended_files(
-    table: str, commit: Commit, *, skip_change_commits: bool = False
-) -> list[DataFile]:
-    """The files `commit` appended.
-
-    Raises:
-        DeletionVectorError: the commit marked rows deleted with deletion vectors.
-        NotAppendOnlyError: the commit removed files and is neither a rearrangement
-            (OPTIMIZE) nor skipped by `skip_change_commits`.
-    """
-    if not commit.removed and not commit.deletion_vectors:
-        return list(commit.added)
-    if commit.operation in REARRANGING_OPERATIONS or skip_change_commits:
-        return []
-    if commit.deletion_vectors:
-        raise DeletionVectorError(table, commit.version, commit.operation, commit.deletion_vectors)
-    raise NotAppendOnlyError(table, commit.version, commit.operation, commit.removed)
 
 
 def admit(start: int, cap: int, max_files: int | None, counts: Iterator[tuple[int, int]]) -> int:
@@ -327,18 +305,14 @@ def open_table(location: Location) -> DeltaTable:
         return DeltaTable(location.uri, storage_options=location.storage_options())
     except TableNotFoundError as error:
         raise SourceError(
-            f"source.table {location.uri!r} is not a Delta table ({_first_line(error)}); "
+            f"source.table {location.uri!r} is not a Delta table ({first_line(error)}); "
             "create it first or fix source.table"
         ) from None
     except DeltaError as error:
         raise SourceError(
-            f"cannot load Delta table {location.uri!r} ({_first_line(error)}); check "
+            f"cannot load Delta table {location.uri!r} ({first_line(error)}); check "
             "source.table and that the table's log is readable"
         ) from None
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def table_schema(location: Location) -> StructType:
@@ -360,50 +334,6 @@ def table_schema(location: Location) -> StructType:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=True)
 
 
-def _file_uri(root: str, path: str) -> str:
-    decoded = unquote(path)  # log paths are URL-encoded; storage keys are not
-    if "://" in decoded or decoded.startswith("/"):
-        return decoded
-    return root.rstrip("/") + "/" + decoded
-
-
-def read_commit(location: Location, version: int) -> Commit:
-    """Commit `version` of the table, from `_delta_log/{version:020}.json`.
-
-    Raises:
-        SourceError: the commit file is gone (the log was cleaned up) or unreadable.
-    """
-    path = f"{location.fs_path}/_delta_log/{version:020d}.json"
-    try:
-        with location.arrow_filesystem().open_input_stream(path) as stream:
-            text = stream.read().decode("utf-8")
-        return parse_commit(location.uri, version, text.splitlines())
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise SourceError(
-            f"cannot read version {version} of Delta table {location.uri!r} "
-            f"({type(error).__name__}: {_first_line(error)}); if its log was cleaned up, "
-            "start a new checkpoint with a later source.options.startingVersion"
-        ) from None
-
-
-def walk(
-    config: DeltaConfig, start: int, end: int, known: dict[int, list[DataFile]] | None = None
-) -> Iterator[tuple[int, list[DataFile]]]:
-    """Each version in (start, end] with the files it appended, in version order.
-
-    Reads one commit file per version; `known` (appended files by version) is consulted
-    first and filled in, so planning a batch and then reading it reads each commit once.
-    """
-    known = {} if known is None else known
-    for version in range(max(start, -1) + 1, end + 1):
-        if version not in known:
-            commit = read_commit(config.location, version)
-            known[version] = appended_files(
-                config.location.uri, commit, skip_change_commits=config.skip_change_commits
-            )
-        yield version, known[version]
-
-
 # -- the Spark data source -------------------------------------------------------------
 
 
@@ -422,12 +352,14 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.config = config
         self.schema = schema
         self.target: int | None = None  # Trigger.AvailableNow stops here
-        self._known: dict[int, list[DataFile]] = {}  # appended files of planned versions
+        self._commits: dict[int, Commit] = {}  # commits read, until their batch is done
         self._table: DeltaTable | None = None  # kept up to date incrementally
+        self._stable: StableView | None = None  # the producing job's, if followed
+        self._stable_sink = ""
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors need the config and schema only; a DeltaTable does not pickle.
-        return {**self.__dict__, "_known": {}, "_table": None}
+        return {**self.__dict__, "_commits": {}, "_table": None, "_stable": None}
 
     def _latest_version(self) -> int:
         """The table's latest version; after the first call, reads only new commits."""
@@ -436,6 +368,51 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         else:
             self._table.update_incremental()
         return self._table.version()
+
+    def _stable_version(self) -> int | None:
+        """The table's version at the producing job's stable point (-1: none; None: not
+        followed). Read on every trigger: an upgrade may start or end at any time."""
+        if self.config.stable_job is None:
+            return None
+        if self._stable is None:
+            self._stable = self.config.stable_view()
+            assert self._stable is not None
+            self._stable_sink = self._stable.sink_of(self.config.location.uri)
+        point = self._stable.point()
+        return -1 if point is None else point.versions.get(self._stable_sink, -1)
+
+    def _cap(self) -> int:
+        """The latest version the next batch may reach."""
+        latest = self._latest_version()
+        cap = latest if self.target is None else min(latest, self.target)
+        stable = self._stable_version()
+        return cap if stable is None else min(cap, stable)
+
+    def _commit_at(self, version: int) -> Commit:
+        commit = self._commits.get(version)
+        if commit is None:
+            commit = self._commits[version] = read_commit(self.config.location, version)
+        return commit
+
+    def _visible(self, start: int, end: int) -> list[Commit]:
+        """The commits of (start, end] the table still holds at `end`; stops the stream at a
+        RESTORE of versions it read (unless acceptRestores)."""
+        table = self.config.location.uri
+
+        def restored_below(restore: Commit) -> None:
+            first = self.config.starting_version or 0
+            read_from, read = files_read_before(table, restore, start, first, self._commit_at)
+            if read and not self.config.accept_restores:
+                raise RestoredBelowReadError(
+                    table, restore.version, restore.restored_to, read_from, start, len(read)
+                )
+
+        return visible_commits(start, end, self._commit_at, restored_below)
+
+    def _appended(self, commit: Commit) -> list[DataFile]:
+        return appended_files(
+            self.config.location.uri, commit, skip_change_commits=self.config.skip_change_commits
+        )
 
     def initialOffset(self) -> dict:
         return version_offset((self.config.starting_version or 0) - 1)
@@ -446,19 +423,22 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self.target = self._latest_version()
+        self.target = self._cap()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = parse_version(start)
-        latest = self._latest_version()
-        cap = latest if self.target is None else min(latest, self.target)
+        cap = self._cap()
+        if cap <= begin:  # nothing new, or held at the stable point
+            return version_offset(begin)
         max_files = limit.max_files if isinstance(limit, ReadMaxFiles) else None
-        counts = ((v, len(files)) for v, files in walk(self.config, begin, cap, self._known))
+        # Walked back from the cap, not forward from the start: a batch must never end
+        # inside a range that a later RESTORE (up to the cap) retracted.
+        counts = ((c.version, len(self._appended(c))) for c in self._visible(begin, cap))
         return version_offset(admit(begin, cap, max_files, counts))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        added = walk(self.config, parse_version(start), parse_version(end), self._known)
-        files = [file for _, appended in added for file in appended]
+        visible = self._visible(parse_version(start), parse_version(end))
+        files = [file for commit in visible for file in self._appended(commit)]
         return [DeltaPartition(group) for group in group_files(files, PARTITION_BYTES)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -482,7 +462,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         """Forget planned versions up to `end`; the table's versions stay readable."""
         done = parse_version(end)
-        self._known = {v: files for v, files in self._known.items() if v > done}
+        self._commits = {v: c for v, c in self._commits.items() if v > done}
 
 
 class DeltaDataSource(DataSource):
@@ -506,12 +486,41 @@ def build_delta_source(spark: SparkSession, source: SourceSpec) -> DataFrame:
     AWS_* environment (as sink tables do).
 
     Raises:
-        SpecError: a bad option.
+        SpecError: a bad option, or stablePointOf names no job writing the table.
         SourceError: the table does not exist or cannot be streamed.
     """
     location = Location(resolve_root(source.table or ""), S3Settings.from_env())
     options = {**source.options, **location_options(location)}
-    DeltaConfig.from_options(options)  # fail here, with the fix, not in a Spark task
+    config = DeltaConfig.from_options(options)  # fail here, with the fix, not in a Spark task
+    if config.stable_root is not None:
+        options = {**options, **_stable_root_option(options, config)}
+        check_stable_source(DeltaConfig.from_options(options))
     schema = table_schema(location)
     spark.dataSource.register(DeltaDataSource)
     return spark.readStream.format(FORMAT).schema(schema).options(**options).load()
+
+
+def _stable_root_option(options: Mapping[str, str], config: DeltaConfig) -> dict[str, str]:
+    """stablePointRoot as an absolute root (a local one is relative to the working dir)."""
+    keys = [k for k in options if k.lower() == "stablepointroot"]
+    return {key: resolve_root(config.stable_root or "") for key in keys}
+
+
+def check_stable_source(config: DeltaConfig) -> None:
+    """The job stablePointOf names exists under stablePointRoot and writes source.table.
+
+    Raises:
+        SpecError: naming the bad value and the fix (reads only).
+    """
+    try:
+        view = config.stable_view()
+        if view is not None:
+            view.sink_of(config.location.uri)
+            view.point()  # its records are readable
+    except SpecError:
+        raise
+    except StreamkeeperError as error:
+        raise SpecError(
+            f"source option stablePointOf={config.stable_job!r} with stablePointRoot="
+            f"{config.stable_root!r}: {error}"
+        ) from None
