@@ -262,6 +262,7 @@ class StreamkeeperClient:
         savepoint: bool = True,
         command_id: str | None = None,
         ttl: float | None = None,
+        hold: str | None = None,
     ) -> Command:
         """Ask the job's running runner for a savepoint, a stop or a cancel.
 
@@ -273,6 +274,8 @@ class StreamkeeperClient:
             command_id: an id of the caller's choosing (a retry with the same id is one
                 command); generated if None.
             ttl: seconds after which an unanswered command expires (default 600).
+            hold: savepoint, stop: a holder the savepoint is born held by (an upgrade's
+                rollback target: retention never deletes it before the holder releases it).
 
         Returns:
             The command as stored (an earlier send's, for a retry).
@@ -290,6 +293,7 @@ class StreamkeeperClient:
             format=format,  # type: ignore[arg-type]
             self_contained=self_contained,
             savepoint=savepoint,
+            hold=hold,
             sent_at=sent_at,
             expires_at=None if ttl is None else sent_at + ttl,
         )

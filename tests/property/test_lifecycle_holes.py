@@ -192,3 +192,26 @@ def test_1_7_c_green_era_files_stay_after_a_rollback(scene: Scene) -> None:
     rollback = scene.run(scene.fail_probation())
     assert rollback.error is None, rollback.error
     scene.finish()
+
+
+def test_blues_stop_savepoint_is_held_from_its_birth(scene: Scene) -> None:
+    """Found by the property test on the fixed code: green dies right after blue stopped
+    with S1, before green held it; the job is started again and takes savepoints, whose
+    retention (2 kept) deleted S1, and the DAG could no longer settle the handover. The
+    stop command asks blue to take S1 held for the upgrade."""
+    blue = _blue(scene)
+    green = scene.begin_handover()
+    scene.run(green, until="awaiting_command_result")
+    scene.run(blue)
+    scene.run(green, until="handover_after_stop_result")
+    green.crash()
+    again = scene.spawn("start", actors.runner(scene.world, actors.RunnerPlan(batches=3)))
+    scene.run(again)
+    client = actors.client_of(scene.world)
+    for _ in range(2):
+        client.send_command(JOB, "savepoint", self_contained=True)
+        scene.feed(2)
+        scene.run(again)
+    s1 = client.wait_for_result(JOB, f"stop-{scene.upgrade_id}", timeout=1).savepoint_id
+    assert s1 in {s.id for s in client.savepoints(JOB)}, "S1 was deleted by retention"
+    scene.finish()

@@ -45,6 +45,7 @@ SAVEPOINT_FORMATS: tuple[str, ...] = get_args(SavepointFormat)
 DEFAULT_TTL = 600.0  # a command nobody picked up by then is answered `failed` (expired)
 _COMMAND_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")  # no dots: `.result` is ours
 _RESULT_SUFFIX = ".result.json"
+_HOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:._-]{0,119}$")
 
 
 def new_command_id(kind: str) -> str:
@@ -73,6 +74,9 @@ class Command:
     format: SavepointFormat = "native"  # savepoint, stop
     self_contained: bool = False  # savepoint, stop: copy the files into the savepoint
     savepoint: bool = True  # stop: take a savepoint first (the default)
+    # savepoint, stop: the savepoint is born held by this holder (e.g. `upgrade:{id}`: an
+    # upgrade's rollback target), so retention can never delete it before the holder acts.
+    hold: str | None = None
     sent_at: float = field(default_factory=time.time)
     expires_at: float | None = None
     sender: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
@@ -87,6 +91,11 @@ class Command:
         if self.format not in SAVEPOINT_FORMATS:
             raise CommandError(
                 f"savepoint format {self.format!r} is unknown; expected one of {SAVEPOINT_FORMATS}"
+            )
+        if self.hold is not None and not _HOLDER.fullmatch(str(self.hold)):
+            raise CommandError(
+                f"hold {self.hold!r} is not a holder name; use 1-120 letters, digits, ':', "
+                "'.', '-' or '_', e.g. 'upgrade:up-20270115-1a2b'"
             )
         if self.expires_at is None:
             object.__setattr__(self, "expires_at", self.sent_at + DEFAULT_TTL)
@@ -118,7 +127,15 @@ class Command:
         return self._request() == other._request()
 
     def _request(self) -> tuple:
-        return (self.id, self.kind, self.job, self.format, self.self_contained, self.savepoint)
+        return (
+            self.id,
+            self.kind,
+            self.job,
+            self.format,
+            self.self_contained,
+            self.savepoint,
+            self.hold,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -380,7 +380,7 @@ class JobRunner:
 
     def _savepoint(self, attempt: QueryAttempt, command: Command) -> Outcome:
         assert self._savepoints is not None
-        request = SavepointRequest(command.format, command.self_contained, command.id)
+        request = SavepointRequest.of(command)
         taken = self._savepoints.take(request, attempt)
         return _savepoint_outcome(taken)
 
@@ -394,7 +394,7 @@ class JobRunner:
             self._stop_requested.set()
 
         if command.savepoint:
-            request = SavepointRequest(command.format, command.self_contained, command.id)
+            request = SavepointRequest.of(command)
             taken = self._savepoints.take(request, attempt, then=drain)
             self._stop_savepoint = taken.savepoint_id
             self._stop_reason = f"stopped with savepoint {taken.savepoint_id} ({reason})"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from streamkeeper.commit.batch import BatchWriter
 from streamkeeper.commit.coordinator import CommitCoordinator
 from streamkeeper.errors import FencedError, SavepointError
+from streamkeeper.lineage.commands import Command
 from streamkeeper.lineage.control import Fence
 from streamkeeper.runtime.job import JobPaths
 from streamkeeper.snapshots import canonical, savepoint_points
@@ -53,6 +54,11 @@ class SavepointRequest:
     format: str = "native"  # native | canonical
     self_contained: bool = False
     command_id: str | None = None
+    hold: str | None = None  # born held by this holder (an upgrade's rollback target)
+
+    @classmethod
+    def of(cls, command: Command) -> SavepointRequest:
+        return cls(command.format, command.self_contained, command.id, command.hold)
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,9 @@ class SavepointTaker:
             epoch=self.fence.epoch,
             created_at=started,
             command_id=request.command_id,
+            holds={}
+            if request.hold is None
+            else {request.hold: "taken for it, held until it acts"},
         )
 
     def _wait_for_completion(self, attempt: QueryAttempt, timeout: float) -> int:

@@ -56,7 +56,12 @@ def stop_blue(
     points.reached("handover_before_blue_stop")
     try:
         command = client.send_command(
-            job, "stop", format=fmt, savepoint=True, command_id=stop_command_id(record.id)
+            job,
+            "stop",
+            format=fmt,
+            savepoint=True,
+            command_id=stop_command_id(record.id),
+            hold=f"upgrade:{record.id}",  # S1 is born held: retention cannot take it
         )
         result = client.wait_for_result(job, command.id, timeout=timeout, poll=STOP_POLL)
     except StreamkeeperError as error:

@@ -148,7 +148,8 @@ class SimRunner:
             attempt.writer.boundary.drain(f"stop command {command.id}")
 
         if command.savepoint:
-            taken = taker.take(SavepointRequest("native", True, command.id), attempt, then=drain)
+            request = SavepointRequest("native", True, command.id, command.hold)
+            taken = taker.take(request, attempt, then=drain)
             self.stopping = f"stopped with savepoint {taken.savepoint_id}"
             return Outcome(savepoint_id=taken.savepoint_id, deferred=True)
         taker.stop_at_boundary(attempt, then=drain)
