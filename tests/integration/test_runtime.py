@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from jobs.keyed_totals.sample_events import expected_results, write_event_files
+from streamkeeper.errors import CheckpointRestoreError
 from streamkeeper.reader import read_table_rows
 from streamkeeper.runtime.runner import RunOptions, resolve_paths, run_job
 from streamkeeper.spec import JobSpec, load_spec
@@ -31,8 +32,8 @@ def _spec(tmp_path: Path, root: str, **overrides: object) -> JobSpec:
     )
 
 
-def _run(spec: JobSpec) -> object:
-    return run_job(spec, RunOptions(available_now=True, spec_dir=SAMPLE_SPEC.parent))
+def _run(spec: JobSpec, **options: object) -> object:
+    return run_job(spec, RunOptions(available_now=True, spec_dir=SAMPLE_SPEC.parent, **options))
 
 
 def _rows(spec: JobSpec, sink: str, version: int | None = None) -> list[dict]:
@@ -95,7 +96,9 @@ def test_checkpoint_reset_neither_skips_nor_repeats(tmp_path: Path) -> None:
     new_dir = tmp_path / "events-after-reset"
     new = write_event_files(new_dir, files=2, events_per_file=200, first_file=50)
     reset = _spec(tmp_path, str(tmp_path / "data"), **{"source.path": str(new_dir)})
-    _run(reset)
+    with pytest.raises(CheckpointRestoreError, match="--allow-fresh-start"):
+        _run(reset)  # an empty checkpoint folder under a lineage that committed: refused
+    _run(reset, allow_fresh_start=True)  # a new input: starting over is what is meant
     markers = _markers(spec)
     assert [m["batch_id"] for m in markers] == [0, 1, 0, 1]
     assert [m["seq"] for m in markers] == sorted(m["seq"] for m in markers)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamkeeper.errors import CheckpointRestoreError, FencedError
+from streamkeeper.errors import CheckpointRestoreError, FencedError, SavepointError
 from streamkeeper.snapshots.index import read_index
 from streamkeeper.snapshots.savepoints import SavepointRegistry
 from streamkeeper.upgrade.steps import promote_upgrade
@@ -214,4 +214,18 @@ def test_blues_stop_savepoint_is_held_from_its_birth(scene: Scene) -> None:
         scene.run(again)
     s1 = client.wait_for_result(JOB, f"stop-{scene.upgrade_id}", timeout=1).savepoint_id
     assert s1 in {s.id for s in client.savepoints(JOB)}, "S1 was deleted by retention"
+    scene.finish()
+
+
+def test_a_savepoint_a_rollback_restores_is_never_deleted(scene: Scene) -> None:
+    """The tables are back at savepoint S; before blue restarts from S, an operator (or
+    retention) deletes S: the rollback could never finish. S is needed until then."""
+    _blue(scene, batches=3, savepoint_after=1)
+    savepoint = actors.client_of(scene.world).savepoints(JOB)[-1].id
+    rollback = scene.spawn("rollback", actors.rollback(scene.world, savepoint, None))
+    scene.run(rollback, until="rollback_before_restart")
+    rollback.crash()
+    deleting = scene.run(scene.spawn("retention", actors.delete_savepoint(scene.world, savepoint)))
+    assert isinstance(deleting.error, SavepointError), deleting.error
+    assert "rollback" in str(deleting.error)
     scene.finish()

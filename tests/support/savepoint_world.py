@@ -27,9 +27,9 @@ from streamkeeper.snapshots.savepoint_writer import SavepointWriter
 from streamkeeper.snapshots.savepoints import (
     SavepointEntry,
     SavepointRegistry,
-    jobs_restored_from,
     new_savepoint_id,
     reasons_to_keep,
+    savepoints_in_use,
 )
 from streamkeeper.spec import ExternalizedSpec
 from streamkeeper.storage import LocalStore, Location
@@ -164,7 +164,7 @@ class World:
 
     def retention(self) -> list[str]:
         before = self.registry.read().savepoints
-        in_use = jobs_restored_from(self.store)
+        in_use = savepoints_in_use(self.store)
         keep = {e.id for e in before if e.state == "complete" and reasons_to_keep(e, in_use)}
         deleted = apply_savepoint_retention(
             self.store,
@@ -183,7 +183,7 @@ class World:
             (e for e in self.registry.read().savepoints if e.state == "complete"),
             key=lambda e: e.created_at,
         )
-        in_use = jobs_restored_from(self.store)
+        in_use = savepoints_in_use(self.store)
         newest = {e.id for e in complete[-self.retained :]} if self.retained else None
         for entry in complete[:-1]:
             beyond = newest is not None and entry.id not in newest

@@ -24,8 +24,8 @@ from streamkeeper.snapshots.index import read_index
 from streamkeeper.snapshots.savepoint_disposal import delete_savepoint
 from streamkeeper.snapshots.savepoints import (
     SavepointEntry,
-    jobs_restored_from,
     reasons_to_keep,
+    savepoints_in_use,
 )
 from tests.support.savepoint_world import DAY, JOB, Crash, World, crash
 
@@ -105,7 +105,7 @@ def _act_on(world: World, kind: str, argument: object, entry: SavepointEntry) ->
         (world.store.root / "jobs" / "green").mkdir(parents=True, exist_ok=True)
         (world.store.root / "jobs" / "green" / "job.json").write_text(json.dumps(record))
     elif kind == "delete":
-        kept = reasons_to_keep(entry, jobs_restored_from(world.store))
+        kept = reasons_to_keep(entry, savepoints_in_use(world.store))
         try:
             delete_savepoint(world.store, world.layout, entry.id)
             assert not kept, f"deleted {entry.id} although {kept}"
@@ -113,7 +113,7 @@ def _act_on(world: World, kind: str, argument: object, entry: SavepointEntry) ->
         except SavepointError:
             assert kept, f"refused to delete {entry.id} with no reason to keep it"
             event("delete refused")
-    elif kind == "delete_crash" and not reasons_to_keep(entry, jobs_restored_from(world.store)):
+    elif kind == "delete_crash" and not reasons_to_keep(entry, savepoints_in_use(world.store)):
         injection.register(argument[1], crash)  # type: ignore[index]
         try:
             delete_savepoint(world.store, world.layout, entry.id, epoch=world.fence.epoch)

@@ -207,13 +207,14 @@ class LineageStart:
         )
 
     def _restore_advice(self) -> str:
+        """The restores that would resume this lineage, newest first, as options."""
         from streamkeeper.snapshots.index import read_index
         from streamkeeper.snapshots.savepoints import SavepointRegistry
 
         layout = self.paths.layout
         advice = []
         if read_index(self.store, layout).ids:
-            advice.append("--from-checkpoint latest (an externalized checkpoint)")
+            advice.append("--from-checkpoint latest (its latest externalized checkpoint)")
         complete = [
             e
             for e in SavepointRegistry(self.store, layout).read().savepoints
@@ -221,11 +222,9 @@ class LineageStart:
         ]
         if complete:
             newest = max(complete, key=lambda e: e.seq if e.seq is not None else -1)
-            advice.append(f"--from-savepoint {newest.id} (the newest savepoint)")
-        advice.append(
-            f"or move the job's checkpoint folder back into {str(self.paths.checkpoint_dir)!r}"
-        )
-        return ", ".join(advice)
+            advice.append(f"--from-savepoint {newest.id} (its newest savepoint)")
+        advice.append("move the job's checkpoint folder back into place")
+        return ", or ".join(advice)
 
     def clear_rewind_pending(self) -> None:
         """The start from the rolled-back-to savepoint holds its state and owns the tables.

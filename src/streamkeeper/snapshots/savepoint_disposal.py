@@ -24,8 +24,8 @@ from streamkeeper.snapshots.savepoints import (
     Registry,
     SavepointRegistry,
     expired,
-    jobs_restored_from,
     reasons_to_keep,
+    savepoints_in_use,
 )
 from streamkeeper.storage import ObjectStore
 
@@ -79,7 +79,7 @@ def delete_savepoint(
     registry = SavepointRegistry(store, layout)
     entry = registry.entry(savepoint_id)
     if entry.state != "deleting":
-        keep = reasons_to_keep(entry, jobs_restored_from(store))
+        keep = reasons_to_keep(entry, savepoints_in_use(store))
         if entry.state == "pending" and not abandoned:
             keep.append("it is being taken")
         if keep:
@@ -132,7 +132,7 @@ def apply_savepoint_retention(
         retained=retained,
         max_age=max_age,
         now=time.time() if now is None else now,
-        in_use=jobs_restored_from(store),
+        in_use=savepoints_in_use(store),
     )
     for savepoint_id in chosen:
         delete_savepoint(store, layout, savepoint_id, epoch=epoch)

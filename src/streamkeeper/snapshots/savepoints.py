@@ -194,18 +194,24 @@ class SavepointRegistry:
         return self.edit(savepoint_id, lambda entry: entry.holds.pop(holder, None))
 
 
-def jobs_restored_from(store: ObjectStore) -> dict[str, str]:
-    """Savepoint id -> the job whose record says it was restored from it.
+def savepoints_in_use(store: ObjectStore) -> dict[str, str]:
+    """Savepoint id -> why a job still needs it: its job record says it was restored from
+    it, or a rollback of it restored the tables to it and has not started it yet.
 
     A job record is rewritten at every start, so this names what the latest start of
-    each job under the root was restored from (one listing of `jobs/`, one read each).
+    each job under the root was restored from (one listing of `jobs/`, two reads each).
     """
     used: dict[str, str] = {}
     for job in store.children("jobs"):
         record = store.read_json(f"jobs/{job}/job.json") or {}
         restored = record.get("restored_from_savepoint") or {}
         if restored.get("id"):
-            used[str(restored["id"])] = job
+            used[str(restored["id"])] = f"job {job!r} was restored from it (its job record)"
+        pending = store.read_json(f"jobs/{job}/rewind-pending.json") or {}
+        if pending.get("savepoint"):
+            used[str(pending["savepoint"])] = (
+                f"a rollback of job {job!r} restores it and has not finished"
+            )
     return used
 
 
@@ -216,7 +222,7 @@ def reasons_to_keep(entry: SavepointEntry, in_use: dict[str, str]) -> list[str]:
         reasons.append(f"it is protected ({entry.protected_reason})")
     reasons += [f"{holder} holds it ({why})" for holder, why in sorted(entry.holds.items())]
     if entry.id in in_use:
-        reasons.append(f"job {in_use[entry.id]!r} was restored from it (its job record)")
+        reasons.append(in_use[entry.id])
     return reasons
 
 

@@ -292,3 +292,14 @@ def finishing_operation(world: World, record: Any, plan: RunnerPlan) -> Any:
 
 def _holds_files(directory: Any) -> bool:
     return directory.is_dir() and any(directory.iterdir())
+
+
+def delete_savepoint(world: World, savepoint_id: str) -> Any:
+    """An operator deleting a savepoint (`streamkeeper savepoints delete`): refused for one
+    that is protected, held, or that something still needs."""
+
+    def operation(actor: Actor) -> str:
+        client_of(world).delete_savepoint(savepoint_id)
+        return f"deleted {savepoint_id}"
+
+    return operation
