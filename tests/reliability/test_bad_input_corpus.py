@@ -310,10 +310,18 @@ def live_heartbeat(ctx: Ctx) -> None:
     path.write_text(json.dumps(beat))
 
 
-def rollback_left_halfway(ctx: Ctx) -> None:
-    """A rollback to the native savepoint restored the tables and died before its start."""
+def rollback_left_halfway(ctx: Ctx, *, every_table: bool = True) -> None:
+    """A rollback to the native savepoint restored the tables (its marker written) and died
+    before its start; or died before it restored every table."""
     path = ctx.root / "jobs" / JOB / "rewind-pending.json"
-    path.write_text(json.dumps({"savepoint": ctx.names["native"], "epoch": 99, "at": 0}))
+    pending = {"savepoint": ctx.names["native"], "seq": 1, "epoch": 99, "at": 0}
+    if every_table:
+        pending["marker_seq"] = 1000
+    path.write_text(json.dumps(pending))
+
+
+def rollback_restored_not_every_table(ctx: Ctx) -> None:
+    rollback_left_halfway(ctx, every_table=False)
 
 
 # -- the client, the runner's command executor ----------------------------------------------
@@ -850,7 +858,7 @@ CASES: list[Case] = [
         CLI_ARGS,
         run("--allow-rewind"),
         "exit 2",
-        ("--allow-rewind", "add --from-savepoint ID, or drop them"),
+        ("--allow-rewind applies to a restore", "add one, or drop it"),
     ),
     Case(
         "native-savepoint-into-another-state-backend",
@@ -865,10 +873,30 @@ CASES: list[Case] = [
         run(),
         "exit 2",
         (
-            "a rollback restored its tables to savepoint '{native}' and did not finish",
-            "--from-savepoint {native} --allow-rewind --takeover",
+            "a rollback restored the tables to savepoint {native} and did not start the job",
+            "--from-savepoint {native} --takeover",
         ),
         prepare=rollback_left_halfway,
+    ),
+    Case(
+        "start-that-would-read-the-input-again",
+        CLI_ARGS,
+        run(),  # the case's checkpoint folder is empty; the lineage committed
+        "exit 2",
+        (
+            "holds no checkpoint",
+            "read its input from the start again",
+            "--from-savepoint {canonical}",
+            "--allow-fresh-start",
+        ),
+    ),
+    Case(
+        "start-from-the-savepoint-of-a-rollback-that-restored-not-every-table",
+        CLI_ARGS,
+        run("--from-savepoint", "{native}", "--takeover"),
+        "exit 2",
+        ("a rollback to savepoint {native} did not restore every table", "run the rollback again"),
+        prepare=rollback_restored_not_every_table,
     ),
     Case(
         "checkpoint-and-savepoint-together",

@@ -221,7 +221,7 @@ class LineageStart:
             if e.state == "complete"
         ]
         if complete:
-            newest = max(complete, key=lambda e: e.seq if e.seq is not None else -1)
+            newest = max(complete, key=lambda e: (-1 if e.seq is None else e.seq, e.created_at))
             advice.append(f"--from-savepoint {newest.id} (its newest savepoint)")
         advice.append("move the job's checkpoint folder back into place")
         return ", or ".join(advice)
