@@ -229,3 +229,18 @@ def test_a_savepoint_a_rollback_restores_is_never_deleted(scene: Scene) -> None:
     assert isinstance(deleting.error, SavepointError), deleting.error
     assert "rollback" in str(deleting.error)
     scene.finish()
+
+
+def test_a_held_savepoint_that_was_never_taken_is_swept(scene: Scene) -> None:
+    """Found by the property test after S1 was born held: blue dies while it takes S1; the
+    next start's sweep must dispose of the unfinished savepoint (its hold holds nothing),
+    not refuse to start."""
+    blue = _blue(scene)
+    green = scene.begin_handover()
+    scene.run(green, until="awaiting_command_result")
+    scene.run(blue, until="savepoint_after_register")
+    blue.crash()
+    green.crash()
+    again = scene.run(scene.spawn("start", actors.runner(scene.world, actors.RunnerPlan())))
+    assert again.error is None, again.error
+    scene.finish()

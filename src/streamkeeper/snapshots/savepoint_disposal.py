@@ -78,10 +78,13 @@ def delete_savepoint(
     """
     registry = SavepointRegistry(store, layout)
     entry = registry.entry(savepoint_id)
-    if entry.state != "deleting":
+    if entry.state == "pending" and abandoned:
+        keep = []  # never became a savepoint: a hold it was born with had nothing to hold
+    elif entry.state != "deleting":
         keep = reasons_to_keep(entry, savepoints_in_use(store))
-        if entry.state == "pending" and not abandoned:
+        if entry.state == "pending":
             keep.append("it is being taken")
+    if entry.state != "deleting":
         if keep:
             raise SavepointError(
                 f"savepoint {savepoint_id!r} is not deleted: {'; '.join(keep)}; "

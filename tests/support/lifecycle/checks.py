@@ -120,9 +120,13 @@ class IndexWatch:
 
     def __init__(self) -> None:
         self.seen_any = False
+        self.rollback: dict | None = None
 
     def check(self, layout: LineageLayout) -> None:
         store = layout.root.store()
+        rollback = store.read_json(layout.rollback)
+        if rollback != self.rollback:  # a rollback forgets the checkpoints after its savepoint
+            self.rollback, self.seen_any = rollback, False
         index = read_index(store, layout)
         ids = index.ids
         if len(ids) != len(set(ids)):
