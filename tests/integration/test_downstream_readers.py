@@ -20,7 +20,7 @@ from streamkeeper.client import StreamkeeperClient
 from streamkeeper.errors import SpecError
 from streamkeeper.sources.delta import build_delta_source
 from streamkeeper.spec import SourceSpec
-from streamkeeper.upgrade.steps import restore_tables
+from streamkeeper.upgrade.rollback import restore_tables
 from tests.support.producer import Producer, Row
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -6,7 +6,7 @@ is written as the coordinator writes it; each start takes the lineage's next epo
 writes the job record and fences every table; savepoint manifests and upgrade records
 are the real dataclasses in their real places. So the readers downstream of it see the
 tables, markers and records a running job leaves, and a rollback is the real
-`upgrade.steps.restore_tables`.
+`upgrade.rollback.restore_tables`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, Savepoi
 from streamkeeper.snapshots.savepoints import new_savepoint_id
 from streamkeeper.storage import Location
 from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
+from streamkeeper.upgrade.rollback import restore_tables
 from streamkeeper.upgrade.shadow import new_upgrade_id
-from streamkeeper.upgrade.steps import restore_tables
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.int64()), ("version", pa.string())])
 Row = tuple[str, int, str]  # key, value, the producing version ("blue" / "green")

@@ -95,7 +95,7 @@ def test_an_on_demand_rollback_holds_the_view_at_its_savepoint_until_the_restart
     producer: Producer,
 ) -> None:
     from streamkeeper.client import StreamkeeperClient
-    from streamkeeper.upgrade.steps import restore_tables
+    from streamkeeper.upgrade.rollback import restore_tables
 
     savepoint = producer.savepoint()
     producer.commit(blue(range(6, 8)))
@@ -104,10 +104,10 @@ def test_an_on_demand_rollback_holds_the_view_at_its_savepoint_until_the_restart
     point = stable_point(producer.location.uri, producer.job)
     assert point is not None and point.seq == savepoint.seq
     assert f"rollback to savepoint {savepoint.id} pending" in point.reason
-    producer.restart_from(savepoint)  # rewind-pending cleared; the head is still retracted
+    producer.restart_from(savepoint)  # rewind-pending cleared
     point = stable_point(producer.location.uri, producer.job)
-    assert point is not None and point.seq == savepoint.seq, point
-    assert "restored at version" in point.reason
+    # The head is the rollback's own marker: the restored versions, naming the savepoint.
+    assert point is not None and point.marker["rewound_to"]["seq"] == savepoint.seq, point
     assert stable(producer) == sorted(blue(range(6)))
     producer.commit(blue(range(6, 8)))  # what the restart processes again
     assert stable(producer) == sorted(blue(range(8))) == latest(producer)
