@@ -28,6 +28,7 @@ from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace, TableSeq
 from streamkeeper.snapshots.savepoints import new_savepoint_id
 from streamkeeper.storage import Location
+from streamkeeper.upgrade.handover import handover_facts
 from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
 from streamkeeper.upgrade.rollback import restore_tables
 from streamkeeper.upgrade.shadow import new_upgrade_id
@@ -157,15 +158,7 @@ class Producer:
         self.records.advance(record.id, ("shadow",), "handover_requested")
         self.records.advance(record.id, ("handover_requested",), "handing_over")
         s1 = self.savepoint()
-        handover = {
-            "blue_savepoint": s1.id,
-            "seq": s1.seq,
-            "batch_id": s1.batch_id,
-            "tables": {
-                n: {"table": t.table, "seq": t.seq, "version": t.version}
-                for n, t in s1.tables.items()
-            },
-        }
+        handover = handover_facts(s1)
         record = self.records.advance(record.id, ("handing_over",), "live", handover=handover)
         return record, s1
 

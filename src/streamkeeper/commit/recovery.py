@@ -38,14 +38,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class RecoveryReport:
-    """What recovery did, for logs and tests."""
+class RecoveryReport(Disposed):
+    """What recovery did, for logs and tests: what it committed, and what it disposed of."""
 
     committed: list[int] = field(default_factory=list)
-    discarded: list[int] = field(default_factory=list)
-    kept_for_replay: list[int] = field(default_factory=list)
-    swept_claims: list[int] = field(default_factory=list)
-    files_removed: list[str] = field(default_factory=list)
 
     def add(self, done: Disposed) -> None:
         self.discarded += done.discarded

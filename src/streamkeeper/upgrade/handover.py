@@ -110,16 +110,20 @@ def _hold_s1(
     SavepointRegistry(client.store, layout).hold(
         manifest.id, f"upgrade:{record.id}", "rollback target while green is on probation"
     )
-    handover = {
-        "blue_savepoint": manifest.id,
-        "seq": manifest.seq,
-        "batch_id": manifest.batch_id,
+    return manifest, handover_facts(manifest)
+
+
+def handover_facts(s1: SavepointManifest) -> dict[str, Any]:
+    """What the upgrade record says of blue's stop savepoint S1: the rollback target."""
+    return {
+        "blue_savepoint": s1.id,
+        "seq": s1.seq,
+        "batch_id": s1.batch_id,
         "tables": {
             name: {"table": t.table, "seq": t.seq, "version": t.version}
-            for name, t in manifest.tables.items()
+            for name, t in s1.tables.items()
         },
     }
-    return manifest, handover
 
 
 def settle_dead_handover(
