@@ -244,3 +244,27 @@ def test_a_held_savepoint_that_was_never_taken_is_swept(scene: Scene) -> None:
     again = scene.run(scene.spawn("start", actors.runner(scene.world, actors.RunnerPlan())))
     assert again.error is None, again.error
     scene.finish()
+
+
+def test_a_fenced_runners_late_batch_on_the_same_checkpoint_folder_is_committed(
+    scene: Scene,
+) -> None:
+    """Found by the property test once table maintenance ran in it: a takeover recovers;
+    the runner it fenced, past its batch's fence check, then claims, seals and completes
+    that batch (its Spark writes commits/N into the shared folder); the takeover's query
+    starts after it and commits its next batch above it: the late batch was never
+    committed (its seq fell below the tables' and was skipped as done). The takeover
+    recovers again before its first batch."""
+    blue = scene.spawn("blue", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(blue, until="batch_after_commit")  # batch 0 pre-committed
+    scene.run(blue, until="batch_start")  # batch 1: its fence check is next
+    blue.step()  # past the check: at its claim
+    takeover = scene.spawn("takeover", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(takeover, until="recovery_before_cleanup")
+    scene.run(blue)  # claims, seals, completes batch 1; then learns it is fenced
+    assert isinstance(blue.error, FencedError), blue.error
+    scene.feed(2)
+    scene.run(takeover)
+    assert takeover.error is None, takeover.error
+    scene.check()
+    scene.finish()

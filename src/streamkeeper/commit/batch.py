@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +95,9 @@ class BatchContext:
     checkpoint: SparkCheckpoint
     fence: Fence
     output_columns: list[str]
+    # Called once, before the attempt's first batch claims anything: recovery again (see
+    # `BatchWriter._run_batch`).
+    before_first_batch: Callable[[], None] | None = None
 
 
 class BatchWriter:
@@ -118,6 +122,12 @@ class BatchWriter:
         injection.reached("batch_start", batch_id=batch_id)
         # A fenced runner must not even pre-commit: its batch fails and the query stops.
         ctx.fence.check()
+        if self.batches_seen == 0 and ctx.before_first_batch is not None:
+            # A runner this one fenced, on the same checkpoint folder, may have finished a
+            # batch after this runner's recovery looked (sealed its manifest, and its Spark
+            # wrote commits/N): this query then starts after that batch. Recovering again
+            # now commits it before any seq of ours is committed above it.
+            ctx.before_first_batch()
         manifest, done = self._claim(batch_id)
         try:
             self._pre_commit(batch_df, manifest, done)
@@ -198,7 +208,8 @@ class BatchWriter:
         previous = ctx.coordinator.wal.read(reserved) if reserved is not None else None
         done = self._already_committed(previous, reserved) if previous is not None else {}
         while True:
-            seq = reserved if previous is not None else ctx.sequence.take_next()
+            head = ctx.coordinator.stats.last_seq
+            seq = reserved if previous is not None else ctx.sequence.take_next(after=head)
             manifest = Manifest(
                 lineage=ctx.layout.lineage,
                 seq=seq,

@@ -123,6 +123,7 @@ def recover(
     candidates = _newest_per_batch(complete)
     for manifest in pending:
         fence.check()
+        sequence.skip_past(manifest.seq)
         done = Disposed()
         if not manifest.complete and disposal.sweep_claim(manifest, control, fence.epoch, done):
             report.add(done)

@@ -31,11 +31,18 @@ class CommitSequence:
     def reserved(self, query_id: str, batch_id: int) -> int | None:
         return self._reserved.get((query_id, batch_id))
 
-    def take_next(self) -> int:
+    def take_next(self, after: int = -1) -> int:
+        """The next seq, above `after` (the lineage's head: a seq at or below it was
+        committed, and a claim of it, its manifest long retired, would be skipped as done)."""
         with self._lock:
-            seq = self._next
-            self._next += 1
+            seq = max(self._next, after + 1)
+            self._next = seq + 1
             return seq
+
+    def skip_past(self, seq: int) -> None:
+        """Recovery resolved `seq`: never hand it out again."""
+        with self._lock:
+            self._next = max(self._next, seq + 1)
 
 
 def lineage_head(

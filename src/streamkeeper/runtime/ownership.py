@@ -359,6 +359,13 @@ class LineageStart:
         log.info("recovery: %s", report)
         return coordinator, sequence, report
 
+    def recover_again(self, coordinator: CommitCoordinator, sequence: CommitSequence) -> None:
+        """Recovery once more, at the attempt's first batch (`BatchWriter._run_batch`)."""
+        checkpoint = SparkCheckpoint(self.paths.checkpoint_dir)
+        report = recover(coordinator, checkpoint, sequence, self.control)
+        if report.committed or report.discarded or report.swept_claims:
+            log.warning("recovery at the first batch (a fenced runner's late batch): %s", report)
+
     def table_maintenance(self) -> TableMaintenance:
         store, layout, settings = self.store, self.paths.layout, self.spec.maintenance
         return TableMaintenance(

@@ -282,6 +282,7 @@ class JobRunner:
                 checkpoint=SparkCheckpoint(self.paths.checkpoint_dir),
                 fence=self.fence,
                 output_columns=list(output.columns),
+                before_first_batch=lambda: self._start.recover_again(coordinator, sequence),
             )
         )
         self._coordinator = coordinator

@@ -91,6 +91,7 @@ class SimRunner:
                 checkpoint=checkpoint,
                 fence=fence,
                 output_columns=list(SCHEMA.names),
+                before_first_batch=lambda: start.recover_again(coordinator, sequence),
             )
         )
         query = SyntheticQuery(

@@ -53,13 +53,25 @@ class JobInput:
         return [event(i, self.offset) for i in range(start, end)]
 
 
+class ConcurrentQueryError(RuntimeError):
+    """Spark's answer when another query wrote the log entry this one is about to write."""
+
+
 class SyntheticQuery:
-    """Spark's side of a checkpoint directory: plans, replays and completes batches."""
+    """Spark's side of a checkpoint directory: plans, replays and completes batches.
+
+    As Spark's MicroBatchExecution: at start it reads the logs once; a batch planned and
+    not completed is run again with its range; every later `offsets/N` and `commits/N`
+    is created, never overwritten, and finding one there already fails the query
+    ("Concurrent update to the log. Multiple streaming jobs detected").
+    """
 
     def __init__(self, directory: Path, source: JobInput, batch_size: int) -> None:
         self.directory = directory
         self.source = source
         self.batch_size = batch_size
+        self._next: int | None = None
+        self._replay: int | None = None
 
     def ensure_started(self) -> None:
         """A new query writes its id into `metadata`; a restored one keeps the copied id."""
@@ -67,12 +79,16 @@ class SyntheticQuery:
         metadata = self.directory / "metadata"
         if not metadata.exists():
             metadata.write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+        committed, planned = self._ids("commits"), self._ids("offsets")
+        self._next = committed[-1] + 1 if committed else 0
+        if planned and planned[-1] >= self._next:
+            self._replay = planned[-1]
 
     def _ids(self, folder: str) -> list[int]:
         path = self.directory / folder
-        return (
-            sorted(int(p.name) for p in path.iterdir() if p.name.isdigit()) if path.exists() else []
-        )
+        if not path.exists():
+            return []
+        return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
 
     def _range(self, batch_id: int) -> tuple[int, int]:
         lines = (self.directory / "offsets" / str(batch_id)).read_text().splitlines()
@@ -81,27 +97,37 @@ class SyntheticQuery:
 
     def next_batch(self) -> tuple[int, list[dict[str, Any]]] | None:
         """The next batch: a planned one replayed, else a new range (None: no new input)."""
-        committed = self._ids("commits")
-        batch_id = committed[-1] + 1 if committed else 0
-        if (self.directory / "offsets" / str(batch_id)).exists():
+        assert self._next is not None, "ensure_started first"
+        batch_id = self._next
+        if self._replay == batch_id:
             start, end = self._range(batch_id)
         else:
             start = self._range(batch_id - 1)[1] if batch_id > 0 else 0
             end = min(start + self.batch_size, self.source.count)
             if end <= start:
                 return None
-            (self.directory / "offsets").mkdir(parents=True, exist_ok=True)
             body = [
                 "v1",
                 json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}}),
                 json.dumps({"start": start, "end": end}),
             ]
-            (self.directory / "offsets" / str(batch_id)).write_text("\n".join(body))
+            _create(self.directory / "offsets" / str(batch_id), "\n".join(body))
         return batch_id, self.source.events(start, end)
 
     def complete(self, batch_id: int) -> None:
-        (self.directory / "commits").mkdir(parents=True, exist_ok=True)
-        (self.directory / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        _create(self.directory / "commits" / str(batch_id), 'v1\n{"nextBatchWatermarkMs":0}')
+        self._next = batch_id + 1
+
+
+def _create(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "x") as handle:
+            handle.write(body)
+    except FileExistsError:
+        raise ConcurrentQueryError(
+            f"Concurrent update to the log: {path} exists. Multiple streaming jobs detected"
+        ) from None
 
 
 class _Collected:
@@ -178,6 +204,9 @@ class World:
                     "externalized": {"enabled": True, "retained": 2},
                 },
                 "savepoints": {"retained": 2},
+                # Log expiry (below the protected floor) every few commits, with no extra
+                # history kept: rollbacks and restores run against expired logs too.
+                "maintenance": {"every": 3, "history_retention": "0s"},
                 "storage": {"root": str(self.root)},
             }
         )
