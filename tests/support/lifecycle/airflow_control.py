@@ -133,3 +133,23 @@ def trigger_owner(trigger_id: int) -> int | None:
     with create_session() as session:
         trigger = session.get(Trigger, trigger_id)
         return None if trigger is None else trigger.triggerer_id
+
+
+def task_errors(airflow_home: Path, dag_id: str, run_id: str) -> dict[str, list[str]]:
+    """task_id -> the exception each of its tries failed with, from the task logs
+    (`attempt N: Type: message`); a try killed by a signal logged none."""
+    folder = airflow_home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+    found: dict[str, list[str]] = {}
+    for log in sorted(folder.glob("task_id=*/attempt=*.log")):
+        task = log.parent.name.removeprefix("task_id=")
+        attempt = log.stem.removeprefix("attempt=")
+        for line in log.read_text(errors="replace").splitlines():
+            if '"error_detail"' not in line:
+                continue
+            try:
+                detail = json.loads(line)["error_detail"][-1]
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+            message = f"{detail.get('exc_type')}: {str(detail.get('exc_value'))[:400]}"
+            found.setdefault(task, []).append(f"attempt {attempt}: {message}")
+    return found

@@ -44,6 +44,7 @@ class RunReport:
     outcome: str | None = None  # the upgrade's phase when its DAG run ended
     dag_state: str | None = None
     tasks: dict[str, str] = field(default_factory=dict)  # task -> "state (try n)"
+    errors: dict[str, list[str]] = field(default_factory=dict)  # task -> each try's exception
     reason: str | None = None
     probation: str | None = None
     fault: dict[str, Any] = field(default_factory=dict)  # what fired, where
@@ -76,9 +77,10 @@ class RunReport:
         found = list(self.problems)
         if self.outcome != self.expected:
             tasks = ", ".join(f"{t} {s}" for t, s in self.tasks.items())
+            errors = "; ".join(f"{t} {e[-1]}" for t, e in self.errors.items() if e)
             found.append(
                 f"the upgrade ended {self.outcome} ({self.reason}), expected {self.expected}; "
-                f"tasks: {tasks}"
+                f"tasks: {tasks}" + (f"; errors: {errors}" if errors else "")
             )
         from tests.support.lifecycle.checks import TableCheck
 
@@ -209,8 +211,10 @@ class LifecycleRun:
     def conclude(self, run_id: str) -> None:
         """What the upgrade run ended as, and whether the scenario's crash fired."""
         from streamkeeper.upgrade.record import UpgradeRecords
+        from tests.support.lifecycle.airflow_control import task_errors
 
         self.report.tasks = self._tasks(f"{JOB}.upgrade", run_id)
+        self.report.errors = task_errors(self.world.airflow_home, f"{JOB}.upgrade", run_id)
         records = UpgradeRecords(self.client.store, JOB).list()
         if records:
             record = records[-1]
