@@ -37,10 +37,19 @@ class TableCheck:
     missing: int = 0  # reference rows (or keys) the table lacks, or holds short
     extra: int = 0  # rows (or keys) beyond the reference: doubled, or from no input
     detail: list[str] = field(default_factory=list)
+    # Not exact: the first this many input files are exactly what the table holds (the
+    # job stopped there, nothing lost or doubled before); None: no prefix of the input is.
+    prefix_files: int | None = None
+    input_files: int = 0
 
     def summary(self) -> str:
         if self.exact:
             return f"{self.table}: exact ({self.rows} rows)"
+        if self.prefix_files is not None:
+            return (
+                f"{self.table}: exactly the first {self.prefix_files} of {self.input_files} "
+                "input files (nothing lost or doubled; the rest never processed)"
+            )
         return (
             f"{self.table}: {self.missing} missing, {self.extra} extra of {self.expected_rows} "
             f"expected ({self.rows} found): {'; '.join(self.detail[:4])}"
@@ -54,6 +63,14 @@ def _rows(table: Path) -> list[dict[str, Any]]:
     from tests.support.fault_checks import _rows as fragment_rows
 
     return fragment_rows(Location(str(table)))
+
+
+def _prefix(files: list[Path], matches: Any) -> int | None:
+    """The largest n such that `matches(expected_results(files[:n]))`, or None."""
+    for n in range(len(files), -1, -1):
+        if matches(*expected_results(files[:n])):
+            return n
+    return None
 
 
 def check_totals(table: Path, files: list[Path]) -> TableCheck:
@@ -77,6 +94,8 @@ def check_totals(table: Path, files: list[Path]) -> TableCheck:
             f"{check.missing + check.extra} keys differ: {surplus} events too many (doubled), "
             f"{shortfall} too few (lost)",
         )
+        check.prefix_files = _prefix(files, lambda totals, _: totals == found)
+    check.input_files = len(files)
     return check
 
 
@@ -128,6 +147,9 @@ def check_changes(table: Path, files: list[Path]) -> TableCheck:
     if structural:
         check.exact = False
         check.detail += structural[:3]
+    if not check.exact:
+        check.prefix_files = _prefix(files, lambda _, changes: Counter(changes) == got)
+    check.input_files = len(files)
     return check
 
 
