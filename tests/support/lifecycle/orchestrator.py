@@ -13,6 +13,11 @@ the upgrade record's phase:
 - `restart_scheduler`: the validate task runs in a worker slot: stop the scheduler as a
   service manager would (SIGTERM to its group, SIGKILL after 10 s; its LocalExecutor
   workers and task processes go with it) and start a new one.
+- `kill_scheduler`: the handover task runs and green is handing over: SIGKILL the
+  scheduler's group (the scheduler, its LocalExecutor worker and the task process: a
+  crashed host) and start a new one. Nobody reports the task's end: the new scheduler
+  finds it without a heartbeat and fails it for a retry
+  (`[scheduler] task_instance_heartbeat_timeout`, 60 s here).
 """
 
 from __future__ import annotations
@@ -83,3 +88,15 @@ class OrchestratorFaults:
         old = self.services.component("scheduler").pid
         new = self.services.restart("scheduler", grace=10.0)
         return {"task": str(task), "stopped": old, "new": new.pid}
+
+    def _kill_scheduler(
+        self, tasks: dict[str, TaskState], phase: str | None
+    ) -> dict[str, Any] | None:
+        task = tasks.get("handover")
+        if task is None or task.state != "running" or phase not in HANDING_OVER:
+            return None
+        if not task_processes(task.ti_id):
+            return None  # not forked yet: kill it with the scheduler once it runs
+        old = self.services.component("scheduler").pid
+        new = self.services.restart("scheduler", grace=0)
+        return {"task": str(task), "killed": old, "new": new.pid}

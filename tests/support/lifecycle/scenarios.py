@@ -21,11 +21,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Kind = Literal["green", "rollback", "orchestrator", "combined"]
-Action = Literal["kill_handover_task", "kill_triggerer_in_probation", "restart_scheduler"]
+Action = Literal[
+    "kill_handover_task", "kill_triggerer_in_probation", "restart_scheduler", "kill_scheduler"
+]
 ACTIONS: tuple[str, ...] = (
     "kill_handover_task",  # SIGKILL the process running the handover task, mid-handover
     "kill_triggerer_in_probation",  # SIGKILL the triggerer while probation is deferred; a new one
     "restart_scheduler",  # stop the scheduler (SIGTERM, then SIGKILL) while a task runs; a new one
+    "kill_scheduler",  # SIGKILL the scheduler's group (its task processes too) mid-handover
 )
 
 
@@ -91,6 +94,7 @@ def _all() -> dict[str, Scenario]:
             probation_seconds=30,
         ),
         Scenario("restart_scheduler", "orchestrator", actions=("restart_scheduler",)),
+        Scenario("kill_scheduler", "orchestrator", actions=("kill_scheduler",)),
         # The CI's run: the handover's task killed, the triggerer killed in probation, green
         # failing it, and the rollback's task killed between two table restores.
         Scenario(

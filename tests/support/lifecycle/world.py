@@ -105,10 +105,12 @@ class World:
             "AIRFLOW__STREAMKEEPER__ALERT_SINK": str(self.base / "alerts.jsonl"),
             "AIRFLOW_CONN_STREAMKEEPER_DEFAULT": json.dumps(connection),
             # A dead triggerer's triggers move to a live one after this many seconds
-            # without its heartbeat (default 30), and a task whose supervisor died with
-            # the scheduler is failed after this many (default 300): the faults' delays.
+            # without its heartbeat (default 30); a task whose supervisor died with the
+            # scheduler is failed after this many (default 300), found by a check this
+            # often (default 300: a crashed scheduler's task waited 5 minutes for it).
             "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "30",
             "STREAMKEEPER_SPARK_LOG_LEVEL": "ERROR",
         }
 
