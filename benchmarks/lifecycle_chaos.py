@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
-from tests.support.lifecycle.scenarios import MATRIX, SCENARIOS  # noqa: E402
+from tests.support.lifecycle_chaos.scenarios import MATRIX, SCENARIOS  # noqa: E402
 
 RUN_TIMEOUT = 40 * 60  # one run, start to checks; the harness's own deadlines come first
 
@@ -42,7 +42,7 @@ def run_one(point: str, workdir: Path, keep: bool) -> dict[str, Any]:
     log = workdir.with_suffix(".log")
     paths = [str(REPO / "src"), str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if p))}
-    command = [sys.executable, "-m", "tests.support.lifecycle", point, "--workdir", str(workdir)]
+    command = [sys.executable, "-m", "tests.support.lifecycle_chaos", point, "--workdir", str(workdir)]
     started = time.monotonic()
     with open(log, "wb") as out:
         try:

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_an_upgrade_meeting_three_faults_is_rolled_back_exactly_once(tmp_path: Path) -> None:
     log = tmp_path / "lifecycle.out"
-    command = [sys.executable, "-m", "tests.support.lifecycle", "combined"]
+    command = [sys.executable, "-m", "tests.support.lifecycle_chaos", "combined"]
     command += ["--workdir", str(tmp_path / "run"), "--keep"]
     paths = [str(REPO / "src"), str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if p))}

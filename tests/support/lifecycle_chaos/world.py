@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.keyed_totals.sample_events import write_event_files
-from tests.support.lifecycle.scenarios import Scenario
+from tests.support.lifecycle_chaos.scenarios import Scenario
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "jobs" / "keyed_totals"

@@ -1,4 +1,4 @@
-"""`python -m tests.support.lifecycle SCENARIO --workdir DIR [--keep]`: one lifecycle chaos
+"""`python -m tests.support.lifecycle_chaos SCENARIO --workdir DIR [--keep]`: one lifecycle chaos
 run in this process; its report is the last line printed (JSON). Exit 1 if it failed."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.support.lifecycle.run import LifecycleRun
-from tests.support.lifecycle.scenarios import SCENARIOS, scenario
+from tests.support.lifecycle_chaos.run import LifecycleRun
+from tests.support.lifecycle_chaos.scenarios import SCENARIOS, scenario
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ and nothing left behind.
     checks.py           the tables against a reference from the input files
     run.py              one run, start to checks: `LifecycleRun(scenario, base).run()`
 
-`python -m tests.support.lifecycle SCENARIO --workdir DIR` runs one in its own process
+`python -m tests.support.lifecycle_chaos SCENARIO --workdir DIR` runs one in its own process
 (Airflow reads its home when it is imported) and prints its report as the last line, in
 JSON; `benchmarks/lifecycle_chaos.py` runs the matrix, tests/chaos/test_lifecycle_chaos.py
 one combined run in CI.

@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support.lifecycle.scenarios import Scenario
-from tests.support.lifecycle.world import JOB, Feeder, World
+from tests.support.lifecycle_chaos.scenarios import Scenario
+from tests.support.lifecycle_chaos.world import JOB, Feeder, World
 
 FAST = {"probation_checkpoints": 2, "shadow_checkpoints": 2, "validation_timeout": 300}
 HANDOVER_TIMEOUT = 240  # green's first live batch comes within a minute when all is well
@@ -82,7 +82,7 @@ class RunReport:
                 f"the upgrade ended {self.outcome} ({self.reason}), expected {self.expected}; "
                 f"tasks: {tasks}" + (f"; errors: {errors}" if errors else "")
             )
-        from tests.support.lifecycle.checks import TableCheck
+        from tests.support.lifecycle_chaos.checks import TableCheck
 
         found += [TableCheck(**t).summary() for t in self.tables if not t["exact"]]
         found += [f"audit: {p}" for p in self.audit_problems[:5]]
@@ -146,7 +146,7 @@ class LifecycleRun:
         self.say(f"metadata DB in {seconds:.0f} s; Airflow on port {self.services.port}")
 
     def _dag(self, dag_id: str, conf: dict[str, Any], timeout: float) -> tuple[str, str]:
-        from tests.support.lifecycle.airflow_control import trigger_dag, wait_finished
+        from tests.support.lifecycle_chaos.airflow_control import trigger_dag, wait_finished
 
         run_id = trigger_dag(self.world.airflow_home, self.services.port, dag_id, conf)
         state = wait_finished(dag_id, run_id, timeout)
@@ -161,8 +161,8 @@ class LifecycleRun:
 
     def upgrade(self) -> str:
         """Trigger the upgrade and make the faults until its run ends by itself."""
-        from tests.support.lifecycle.airflow_control import run_state, task_states, trigger_dag
-        from tests.support.lifecycle.orchestrator import OrchestratorFaults
+        from tests.support.lifecycle_chaos.airflow_control import run_state, task_states, trigger_dag
+        from tests.support.lifecycle_chaos.orchestrator import OrchestratorFaults
 
         conf = {
             "green_spec_path": str(self.world.green_spec),
@@ -202,7 +202,7 @@ class LifecycleRun:
         return None
 
     def _tasks(self, dag_id: str, run_id: str) -> dict[str, str]:
-        from tests.support.lifecycle.airflow_control import task_states
+        from tests.support.lifecycle_chaos.airflow_control import task_states
 
         return {
             t: f"{s.state} (try {s.try_number})" for t, s in task_states(dag_id, run_id).items()
@@ -211,7 +211,7 @@ class LifecycleRun:
     def conclude(self, run_id: str) -> None:
         """What the upgrade run ended as, and whether the scenario's crash fired."""
         from streamkeeper.upgrade.record import UpgradeRecords
-        from tests.support.lifecycle.airflow_control import task_errors
+        from tests.support.lifecycle_chaos.airflow_control import task_errors
 
         self.report.tasks = self._tasks(f"{JOB}.upgrade", run_id)
         self.report.errors = task_errors(self.world.airflow_home, f"{JOB}.upgrade", run_id)
@@ -238,7 +238,7 @@ class LifecycleRun:
     def drain_and_stop(self) -> None:
         """Stop the input; a running job must catch up with it; then the stop DAG."""
         from jobs.keyed_totals.sample_events import expected_results
-        from tests.support.lifecycle.checks import _rows
+        from tests.support.lifecycle_chaos.checks import _rows
 
         assert self.feeder is not None
         files = self.feeder.stop()
@@ -266,7 +266,7 @@ class LifecycleRun:
             self.report.problems.append(f"the stop DAG ended {stopped}")
 
     def check(self) -> None:
-        from tests.support.lifecycle.checks import audit_and_leftovers, check_tables
+        from tests.support.lifecycle_chaos.checks import audit_and_leftovers, check_tables
 
         assert self.feeder is not None
         self._stop_drivers(report=True)
