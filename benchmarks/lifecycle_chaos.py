@@ -1,6 +1,6 @@
 """The lifecycle chaos matrix: every handover point, green's first live commit, every
 rollback point and each orchestrator fault, several times each, through the real Airflow
-components (tests/support/lifecycle). Prints a row per point (runs, outcomes, exact,
+components (tests/support/lifecycle_chaos). Prints a row per point (runs, outcomes, exact,
 seconds) and a summary; each run's report goes to a JSON-lines file as it ends, so an
 interrupted matrix resumes where it stopped (`--results` again).
 
@@ -42,7 +42,14 @@ def run_one(point: str, workdir: Path, keep: bool) -> dict[str, Any]:
     log = workdir.with_suffix(".log")
     paths = [str(REPO / "src"), str(REPO), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in paths if p))}
-    command = [sys.executable, "-m", "tests.support.lifecycle_chaos", point, "--workdir", str(workdir)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.support.lifecycle_chaos",
+        point,
+        "--workdir",
+        str(workdir),
+    ]
     started = time.monotonic()
     with open(log, "wb") as out:
         try:

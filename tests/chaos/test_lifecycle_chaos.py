@@ -12,7 +12,7 @@ meets three faults, each of which Airflow alone must ride out:
 The upgrade ends rolled back by the DAGs alone; after the input drains every table is
 exactly the reference computed from the input, every Delta log audits clean, nothing is
 left behind. The same harness runs every point three times in
-`benchmarks/lifecycle_chaos.py` (tests/support/lifecycle).
+`benchmarks/lifecycle_chaos.py` (tests/support/lifecycle_chaos).
 """
 
 from __future__ import annotations

@@ -161,7 +161,11 @@ class LifecycleRun:
 
     def upgrade(self) -> str:
         """Trigger the upgrade and make the faults until its run ends by itself."""
-        from tests.support.lifecycle_chaos.airflow_control import run_state, task_states, trigger_dag
+        from tests.support.lifecycle_chaos.airflow_control import (
+            run_state,
+            task_states,
+            trigger_dag,
+        )
         from tests.support.lifecycle_chaos.orchestrator import OrchestratorFaults
 
         conf = {
