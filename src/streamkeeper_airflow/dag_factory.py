@@ -280,6 +280,11 @@ def stop_dag(entry: JobEntry) -> DAG:
 
 
 UPGRADE_ID = "{{ ti.xcom_pull(task_ids='begin', key='upgrade_id') }}"
+# Every upgrade task is retried when its process dies (a lost worker, a scheduler restart,
+# an OOM kill): each step reads the upgrade record and resumes from the phase it finds, so a
+# retry never repeats or reverses a step (operators/upgrade.py). A verdict (rejected, failed
+# probation, green dead) raises AirflowFailException, which is never retried.
+UPGRADE_RETRIES = {"retries": 2, "retry_delay": timedelta(seconds=5)}
 
 
 def upgrade_dag(entry: JobEntry) -> DAG:
@@ -306,8 +311,16 @@ def upgrade_dag(entry: JobEntry) -> DAG:
         "expectations_path": Param(
             None, type=["null", "string"], description="default: expectations.yaml by the spec"
         ),
+        "handover_timeout": Param(
+            600, type="integer", minimum=10, description="seconds for green's first live batch"
+        ),
     }
-    common = {"job": entry.name, "conn_id": spec.airflow.conn_id, "upgrade_id": UPGRADE_ID}
+    common = {
+        "job": entry.name,
+        "conn_id": spec.airflow.conn_id,
+        "upgrade_id": UPGRADE_ID,
+        **UPGRADE_RETRIES,
+    }
     with _dag(
         entry,
         "upgrade",
@@ -324,6 +337,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
             blue_spec_path=str(entry.spec_path),
             format="{{ params.format }}",
             on_failure_callback=_alert(entry),
+            **UPGRADE_RETRIES,
         )
         start_green = StartGreenOperator(
             task_id="start_green",
@@ -338,7 +352,12 @@ def upgrade_dag(entry: JobEntry) -> DAG:
             expectations_path="{{ params.expectations_path }}",
             validation_timeout="{{ params.validation_timeout }}",
         )
-        handover = HandoverOperator(task_id="handover", **common, on_failure_callback=_alert(entry))
+        handover = HandoverOperator(
+            task_id="handover",
+            **common,
+            handover_timeout="{{ params.handover_timeout }}",
+            on_failure_callback=_alert(entry),
+        )
         probation = ProbationOperator(
             task_id="probation",
             **common,

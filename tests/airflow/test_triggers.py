@@ -15,7 +15,7 @@ import pytest
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from streamkeeper_airflow.triggers.base import ControlPlaneTrigger
+from streamkeeper_airflow.triggers.base import Check, ControlPlaneTrigger
 from streamkeeper_airflow.triggers.checkpoints import CheckpointProgressTrigger, JobHealthyTrigger
 from streamkeeper_airflow.triggers.commands import CommandResultTrigger
 from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
@@ -31,6 +31,7 @@ COMMON: dict[str, Any] = {
     "poll_interval": 0.05,
     "deadline": None,
     "settle": 0.0,
+    "tolerated_failures": 2,
 }
 TRIGGERS: list[tuple[type[ControlPlaneTrigger], dict[str, Any]]] = [
     (
@@ -218,3 +219,58 @@ def test_an_unreachable_connection_is_an_error_event_without_the_secret(
     assert event["status"] == "error"
     assert "Could not connect to the endpoint URL" in event["message"]
     assert CANARY_SECRET not in repr(event) and CANARY_KEY not in repr(event)
+
+
+class _Scripted(ControlPlaneTrigger):
+    """Polls that raise or answer as its script says (one entry a poll, then success)."""
+
+    script: list[str] = []
+
+    def check(self, hook: StreamkeeperHook, now: float) -> Check:
+        step = self.script.pop(0) if self.script else "done"
+        if step == "fail":
+            raise TimeoutError(f"read timeout on s3 (secret {CANARY_SECRET})")
+        return Check.waiting("not yet") if step == "wait" else Check.success("done")
+
+
+def _scripted(script: list[str], **overrides: Any) -> dict[str, Any]:
+    _Scripted.script = list(script)
+    return _run(_Scripted(**COMMON | overrides))
+
+
+def test_the_default_tolerates_three_failed_polls_in_a_row() -> None:
+    assert ControlPlaneTrigger(conn_id="c", job="j").tolerated_failures == 3
+    with pytest.raises(ValueError, match="tolerated_failures -1 is negative"):
+        ControlPlaneTrigger(conn_id="c", job="j", tolerated_failures=-1)
+
+
+def test_failed_polls_up_to_the_tolerance_do_not_end_the_wait(
+    plane: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    event = _scripted(["fail", "fail", "wait", "done"])
+    assert event["status"] == "success", event
+    logged = capfd.readouterr()
+    warned = [line for line in (logged.out + logged.err).splitlines() if "poll failed" in line]
+    assert len(warned) == 2 and "1 of 2 tolerated" in warned[0], warned
+    assert "TimeoutError: read timeout on s3" in warned[0]
+    assert all(CANARY_SECRET not in text for text in warned), "a secret reached the log"
+
+
+def test_a_successful_poll_resets_the_count(plane: Path) -> None:
+    event = _scripted(["fail", "fail", "wait", "fail", "fail", "done"])
+    assert event["status"] == "success", event
+
+
+def test_one_failed_poll_past_the_tolerance_is_reported_redacted(plane: Path) -> None:
+    event = _scripted(["fail", "fail", "fail", "done"])
+    assert event["status"] == "error", event
+    assert "TimeoutError: read timeout on s3" in event["message"]
+    assert "3 polls failed in a row" in event["message"]
+    assert CANARY_SECRET not in repr(event)
+    assert _scripted(["fail", "done"], tolerated_failures=0)["status"] == "error"
+
+
+def test_failing_polls_still_end_at_the_deadline(plane: Path) -> None:
+    event = _scripted(["fail"] * 50, tolerated_failures=100, deadline=time.time() + 0.3)
+    assert event["status"] == "error" and "gave up waiting at the deadline" in event["message"]
+    assert "the last poll failed: TimeoutError" in event["message"]

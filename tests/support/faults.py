@@ -5,10 +5,17 @@ A driver process started by a test loads this module with
 in-process test calls `install()` itself. Each variable is read when its point is
 reached, so a test may change it between runs:
 
-- `STREAMKEEPER_CRASH_AT=point[:n]` — SIGKILL this process the n-th time (default 1st)
-  it reaches a crash point of the commit protocol (`streamkeeper.commit.crashpoints`),
+- `STREAMKEEPER_CRASH_AT=point[:n][@live]` — SIGKILL this process the n-th time (default
+  1st) it reaches a crash point of the commit protocol (`streamkeeper.commit.crashpoints`),
   of taking, deleting and restoring savepoints (`streamkeeper.snapshots.savepoint_points`),
-  or of a handover or a rollback (`streamkeeper.upgrade.points`).
+  or of a handover or a rollback (`streamkeeper.upgrade.points`). With `@live`, only
+  reaches after this process reached `handover_after_live` count: green's driver commits
+  in its shadow run first, and blue never goes live, so `before_delta_commit:1@live` is
+  green's first live commit and no other process's.
+- `STREAMKEEPER_CRASH_ONCE=path` — the crash fires only if this process can create `path`
+  (exclusively; it records the point and the pid): once per test, across processes. A
+  retried Airflow task, or a driver restarted with the same environment, reaches the
+  point again and must then get past it.
 - `STREAMKEEPER_SLOW_BATCHES=1,2:2.5` — batches 1 and 2 take 2.5 s longer.
 - `STREAMKEEPER_FAIL_BATCHES=3` — the first attempt of batch 3 raises (its replay succeeds).
 - `STREAMKEEPER_FAIL_UPLOADS=2` — the first 2 checkpoint uploads raise.
@@ -31,6 +38,8 @@ POINTS = COMMIT_POINTS + SAVEPOINT_POINTS + LIFECYCLE_POINTS
 _failed_batches: set[int] = set()
 _failed_uploads = 0
 _crash_counts: dict[str, int] = {}
+_live = False  # this process reached `handover_after_live` (`@live` counts from there)
+LIVE_QUALIFIER = "@live"
 
 
 class InjectedFault(RuntimeError):
@@ -39,28 +48,63 @@ class InjectedFault(RuntimeError):
 
 def reset() -> None:
     """Forget which faults already fired (between in-process tests)."""
-    global _failed_uploads
+    global _failed_uploads, _live
     _failed_batches.clear()
     _failed_uploads = 0
     _crash_counts.clear()
+    _live = False
 
 
-def _crash_target() -> tuple[str, int] | None:
-    raw = os.environ.get("STREAMKEEPER_CRASH_AT")
-    if not raw:
-        return None
-    point, _, nth = raw.partition(":")
+def parse_crash_target(raw: str) -> tuple[str, int, bool]:
+    """`point[:n][@live]` -> (point, n, only after going live).
+
+    Raises:
+        ValueError: naming the bad value and the expected form.
+    """
+    spec, live = raw, raw.endswith(LIVE_QUALIFIER)
+    if live:
+        spec = raw.removesuffix(LIVE_QUALIFIER)
+    point, _, nth = spec.partition(":")
     if point not in POINTS:
         raise ValueError(f"STREAMKEEPER_CRASH_AT={raw!r} names no crash point; one of {POINTS}")
-    return point, int(nth or 1)
+    if nth and not (nth.isdigit() and int(nth) >= 1):
+        raise ValueError(
+            f"STREAMKEEPER_CRASH_AT={raw!r}: {nth!r} is no count; expected point[:n][@live], n >= 1"
+        )
+    return point, int(nth or 1), live
+
+
+def _crash_target() -> tuple[str, int, bool] | None:
+    raw = os.environ.get("STREAMKEEPER_CRASH_AT")
+    return parse_crash_target(raw) if raw else None
+
+
+def _claim_once() -> bool:
+    """Whether this crash may fire: always, unless STREAMKEEPER_CRASH_ONCE names a file
+    that already exists (a crash fired before, in this or another process)."""
+    marker = os.environ.get("STREAMKEEPER_CRASH_ONCE")
+    if not marker:
+        return True
+    try:
+        descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w") as out:
+        out.write(f"{os.environ.get('STREAMKEEPER_CRASH_AT')} pid={os.getpid()}\n")
+        out.flush()
+        os.fsync(out.fileno())  # the test reads it to know the fault fired
+    return True
 
 
 def crash_if_asked(point: str) -> None:
+    global _live
     target = _crash_target()
-    if target is None or target[0] != point:
+    if point == "handover_after_live":
+        _live = True  # before the check: `handover_after_live@live` is that very reach
+    if target is None or target[0] != point or (target[2] and not _live):
         return
     _crash_counts[point] = _crash_counts.get(point, 0) + 1
-    if _crash_counts[point] == target[1]:
+    if _crash_counts[point] == target[1] and _claim_once():
         os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -57,6 +57,18 @@ def _run_token(context: Context, task_id: str) -> str:
     return run_token_for(ti.dag_id, ti.run_id, task_id, -1)
 
 
+def upgrade_id_for(token: str, context: Context) -> str:
+    """The id of the upgrade the begin task with run token `token` makes: the same for
+    each of its tries. A try killed while blue takes savepoint S0 has no record yet; its
+    retry then sends the same savepoint command (`savepoint-{id}`) and reads the answer
+    the first try's command got, instead of taking a second savepoint."""
+    from datetime import UTC, datetime
+
+    dag_run = context["dag_run"]
+    when = getattr(dag_run, "run_after", None) or dag_run.start_date or datetime.now(UTC)
+    return f"up-{when.strftime('%Y%m%dt%H%M%S')}-{token[-8:]}"
+
+
 def _spec_file(path: str, workdir: str | None = None) -> Path:
     spec = Path(path)
     return spec if spec.is_absolute() else Path(workdir or settings.workdir()) / spec
@@ -151,7 +163,6 @@ class BeginUpgradeOperator(_UpgradeTask):
         from streamkeeper.errors import SpecError, StreamkeeperError
         from streamkeeper.spec import load_spec
         from streamkeeper.upgrade.record import UpgradeRecords
-        from streamkeeper.upgrade.shadow import new_upgrade_id
         from streamkeeper.upgrade.steps import begin_upgrade
         from streamkeeper_airflow.starts import latest_launch
 
@@ -173,7 +184,7 @@ class BeginUpgradeOperator(_UpgradeTask):
         with self.hook._hidden():
             records = UpgradeRecords(self.hook.store, self.job)
             mine = [r for r in records.list() if r.green.get("begin_token") == token]
-            upgrade_id = mine[-1].id if mine else new_upgrade_id()
+            upgrade_id = mine[-1].id if mine else upgrade_id_for(token, context)
             try:
                 record = begin_upgrade(
                     self.hook.client,
@@ -742,12 +753,28 @@ class RollbackOperator(StartJobOperator):
 
 
 class UpgradeOutcomeOperator(_UpgradeTask):
-    """The run's verdict: succeeds if the upgrade was promoted, else fails with why."""
+    """The run's verdict: succeeds if the upgrade was promoted, else fails with why.
+
+    An upgrade still in `shadow` when the run ends (start_green or validate failed for
+    good: killed with no retry left, timed out) is rejected here: green's shadow run is
+    stopped and blue's savepoint S0 released, instead of both staying behind for ever.
+    Blue was never touched. Later phases are left as they are (UPGRADE.md, "Killing a
+    task"): from `handover_requested` on, green may be stopping blue.
+    """
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from streamkeeper.upgrade.steps import reject_upgrade
+
         record = self.record()
         if record is None:
             raise AirflowFailException("the upgrade did not begin (see the begin task's log)")
+        if record.phase == "shadow":
+            reason = (
+                "the upgrade's run ended before the handover (a task before it failed: see "
+                "its log); green's shadow run was stopped, blue runs untouched"
+            )
+            with self.hook._hidden():
+                record = reject_upgrade(self.hook.client, self.job, record.id, reason)
         summary = {
             "upgrade_id": record.id,
             "phase": record.phase,

@@ -6,6 +6,11 @@ arguments computed by the operator before it defers. Each poll calls the trigger
 synchronous `check` (control-plane reads through the pyspark-free client) in a thread,
 so the triggerer's event loop never blocks on storage.
 
+A poll that raises (storage timing out, a 503, a dropped connection) is tolerated up to
+`tolerated_failures` times in a row, each logged with its error redacted, and the next
+poll tries again: one S3 timeout must not fail a probation and roll back a healthy green.
+The next failure after that is reported; a successful poll resets the count.
+
 Events are `{"status": "success" | "error", "message": ..., "job": ..., ...}`; the
 operator's `execute_complete` raises on "error". No event holds a credential.
 """
@@ -30,6 +35,9 @@ DEFAULT_POLL_SECONDS = 5.0
 # trigger fires before it has drained the executor's event of the deferring attempt
 # (apache/airflow#72716, #66374); waiting first leaves it that time.
 SETTLE_SECONDS = 5.0
+# Failed polls in a row that are tolerated: with the default poll interval, storage may be
+# unreachable for about 15 s (plus the client's own retries) before a wait fails.
+DEFAULT_TOLERATED_FAILURES = 3
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,7 @@ class ControlPlaneTrigger(BaseTrigger):
         poll_interval: seconds between polls.
         deadline: seconds since the epoch after which the trigger reports an error.
         settle: seconds before the first check (see SETTLE_SECONDS).
+        tolerated_failures: polls that raise, in a row, before the error is reported.
     """
 
     def __init__(
@@ -73,14 +82,21 @@ class ControlPlaneTrigger(BaseTrigger):
         poll_interval: float = DEFAULT_POLL_SECONDS,
         deadline: float | None = None,
         settle: float = SETTLE_SECONDS,
+        tolerated_failures: int = DEFAULT_TOLERATED_FAILURES,
     ) -> None:
         super().__init__()
+        if int(tolerated_failures) < 0:
+            raise ValueError(
+                f"tolerated_failures {tolerated_failures!r} is negative; expected 0 (report "
+                "the first failed poll) or more"
+            )
         self.conn_id = conn_id
         self.job = job
         self.root = root
         self.poll_interval = float(poll_interval)
         self.deadline = deadline
         self.settle = float(settle)
+        self.tolerated_failures = int(tolerated_failures)
 
     def _base_kwargs(self) -> dict[str, Any]:
         return {
@@ -90,6 +106,7 @@ class ControlPlaneTrigger(BaseTrigger):
             "poll_interval": self.poll_interval,
             "deadline": self.deadline,
             "settle": self.settle,
+            "tolerated_failures": self.tolerated_failures,
         }
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -106,25 +123,42 @@ class ControlPlaneTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = None
         said = None  # the last message logged (a local, not trigger state)
-        try:
-            hook = await hook_for(self.conn_id, self.root)
-            await asyncio.sleep(self.settle)
-            while True:
+        failures = 0  # failed polls in a row (a local: a moved trigger starts afresh)
+        await asyncio.sleep(self.settle)
+        while True:
+            try:
+                hook = hook or await hook_for(self.conn_id, self.root)
                 verdict = await asyncio.to_thread(self.check, hook, time.time())
+            except Exception as error:  # noqa: BLE001 - tolerated, then reported
+                failures += 1
+                secrets = () if hook is None else hook.settings.secrets
+                message = redact(f"{type(error).__name__}: {error}", secrets)
+                if failures > self.tolerated_failures:
+                    if failures > 1:
+                        message = f"{message} ({failures} polls failed in a row)"
+                    yield TriggerEvent(self._event({"status": "error", "message": message}))
+                    return
+                self.log.warning(
+                    "%s: poll failed (%d of %d tolerated in a row), trying again in %.1f s: %s",
+                    self.job,
+                    failures,
+                    self.tolerated_failures,
+                    self.poll_interval,
+                    message,
+                )
+                verdict = Check.waiting(f"the last poll failed: {message}")
+            else:
+                failures = 0
                 if verdict.done:
                     yield TriggerEvent(self._event(verdict.payload))
                     return
-                if self.deadline is not None and time.time() >= self.deadline:
-                    yield TriggerEvent(self._timed_out(verdict.payload))
-                    return
-                if verdict.payload.get("message") != said:
-                    said = verdict.payload.get("message")
-                    self.log.info("%s: %s", self.job, said)
-                await asyncio.sleep(self.poll_interval)
-        except Exception as error:  # noqa: BLE001 - reported as the task's failure
-            secrets = () if hook is None else hook.settings.secrets
-            message = redact(f"{type(error).__name__}: {error}", secrets)
-            yield TriggerEvent(self._event({"status": "error", "message": message}))
+            if self.deadline is not None and time.time() >= self.deadline:
+                yield TriggerEvent(self._timed_out(verdict.payload))
+                return
+            if not failures and verdict.payload.get("message") != said:
+                said = verdict.payload.get("message")
+                self.log.info("%s: %s", self.job, said)
+            await asyncio.sleep(self.poll_interval)
 
     def _timed_out(self, last: dict[str, Any]) -> dict[str, Any]:
         return {

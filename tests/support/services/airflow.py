@@ -9,8 +9,10 @@ DAG runs, task instances and XComs through Airflow's models in-process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import signal
 import sys
 import time
 import urllib.request
@@ -37,6 +39,36 @@ class AirflowServices(Stoppable):
         for service in reversed(self.services):
             service.stop(grace)
         _drop_pooled_connections()
+
+    def component(self, name: str) -> LocalService:
+        """The running component `name` (api-server, scheduler, dag-processor, triggerer)."""
+        for service in self.services:
+            if service.name == f"airflow {name}":
+                return service
+        known = ", ".join(s.name.removeprefix("airflow ") for s in self.services)
+        raise KeyError(f"no Airflow component {name!r}; running: {known}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a component's process group: it, and the processes it forked (the
+        scheduler's LocalExecutor workers and their task processes), die at once."""
+        service = self.component(name)
+        if service.pid is not None:  # the group's leader: started in a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(service.pid, signal.SIGKILL)
+        service.stop(grace=0.0)  # reaps it
+
+    def restart(self, name: str, *, grace: float = 20.0) -> LocalService:
+        """Stop a component as a service manager would (SIGTERM to its group, SIGKILL after
+        `grace` seconds; 0: SIGKILL at once) and start a new one with the same command,
+        environment and log file."""
+        old = self.component(name)
+        if grace <= 0:
+            self.kill(name)
+        else:
+            old.stop(grace=grace)
+        new = LocalService(old.name, old.argv, old.log_path, env=old.env, cwd=old.cwd).start()
+        self.services[self.services.index(old)] = new
+        return new
 
 
 def _drop_pooled_connections() -> None:
