@@ -7,7 +7,8 @@ upgrade must end `promoted` or `rolled_back` by the DAGs alone, then the output 
 - **green**: `STREAMKEEPER_CRASH_AT` in every component's environment, which the drivers
   launched by the DAGs inherit; only green's driver reaches a handover point, and the
   `@live` commit points count from green's live run only (tests/support/faults.py).
-  Green dies after blue was asked to stop: the right outcome is a rollback to blue.
+  Green dies before it asked blue to stop: the upgrade fails, blue runs on; after: the
+  right outcome is a rollback to blue (blue restarted from its stop savepoint).
 - **rollback**: green fails its probation (its transform negates totals once armed, the
   quality gate on the live tables says no), and the rollback task's process kills itself
   at a rollback point; Airflow retries the task and the retry must finish the rollback.
@@ -51,7 +52,8 @@ class Scenario:
     crash_at: str | None = None
     failing_green: bool = False
     actions: tuple[Action, ...] = field(default_factory=tuple)
-    outcome: Literal["promoted", "rolled_back"] = "promoted"
+    # failed: the upgrade ended before blue was stopped, and blue runs on untouched
+    outcome: Literal["promoted", "rolled_back", "failed"] = "promoted"
     probation_seconds: int = 8
 
     def __post_init__(self) -> None:
@@ -77,8 +79,15 @@ ROLLBACK_POINTS = ("rollback_after_fence", "rollback_between_restores", "rollbac
 
 
 def _all() -> dict[str, Scenario]:
+    # Green dead before it asked blue to stop: the stop is never sent, the upgrade fails
+    # and blue runs on; after: blue restarted from its stop savepoint (upgrade/UPGRADE.md).
     found = [
-        Scenario(point, "green", crash_at=point, outcome="rolled_back")
+        Scenario(
+            point,
+            "green",
+            crash_at=point,
+            outcome="failed" if point == "handover_before_blue_stop" else "rolled_back",
+        )
         for point in (*HANDOVER_POINTS, *LIVE_COMMIT_POINTS)
     ]
     found += [
