@@ -8,6 +8,7 @@ compared with the input: every event once in every table.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Iterator
 
@@ -267,4 +268,55 @@ def test_a_fenced_runners_late_batch_on_the_same_checkpoint_folder_is_committed(
     scene.run(takeover)
     assert takeover.error is None, takeover.error
     scene.check()
+    scene.finish()
+
+
+def test_a_takeover_from_the_latest_checkpoint_races_a_commit_of_the_running_job(
+    scene: Scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the split-brain chaos run in CI: a takeover with `--from-checkpoint latest`
+    checks that the checkpoint is not older than where the lineage stands. The running
+    job externalizes each checkpoint before it commits, so `latest` is never behind the
+    head, unless the two are read with a commit in between, the checkpoint first: the
+    takeover was refused as a rewind. A commit landing between the two reads must not
+    refuse it, whichever read comes first."""
+    from streamkeeper.runtime import ownership
+    from streamkeeper.runtime.options import RunOptions
+
+    blue = scene.spawn("blue", actors.runner(scene.world, actors.RunnerPlan(batches=3)))
+    scene.run(blue, until="table_commit_landed")  # seq 0 in `last`
+    scene.run(blue, until="batch_start")  # batch 1 next
+    raced: list[str] = []
+
+    def commit_once() -> None:  # blue externalizes checkpoint 1, then commits it
+        if not raced:
+            raced.append("committed")
+            scene.run(blue, until="table_commit_landed")
+
+    original_position = ownership.LineageStart.position
+    original_restorable = ownership.check_restorable
+
+    def position(self: ownership.LineageStart) -> int | None:
+        answer = original_position(self)
+        commit_once()
+        return answer
+
+    def restorable(*args: object, **kwargs: object) -> object:
+        answer = original_restorable(*args, **kwargs)
+        commit_once()
+        return answer
+
+    monkeypatch.setattr(ownership.LineageStart, "position", position)
+    monkeypatch.setattr(ownership, "check_restorable", restorable)
+    paths = dataclasses.replace(
+        scene.world.paths(), checkpoint_dir=scene.base / "checkpoints" / "takeover"
+    )
+    options = RunOptions(takeover=True, spec_dir=scene.world.base, from_checkpoint="latest")
+    ownership.LineageStart(scene.world.spec(), options, paths).check()  # not refused
+    assert raced == ["committed"]
+    index = read_index(paths.root.store(), paths.layout)
+    assert index.ids[-1] == original_position(
+        ownership.LineageStart(scene.world.spec(), options, paths)
+    )
+    blue.crash()
     scene.finish()

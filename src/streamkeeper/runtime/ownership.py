@@ -175,8 +175,12 @@ class LineageStart:
         """An externalized checkpoint older than where the lineage stands rewinds it: the
         batches after it would be written again. Refused unless asked for, as a savepoint."""
         layout = self.paths.layout
-        manifest = check_restorable(self.store, layout, self.paths.checkpoint_dir, checkpoint)
+        # Where the lineage stands is read before `latest` is resolved: a runner still
+        # running externalizes each checkpoint before its commit, so a checkpoint read
+        # after the position is at or above it (read the other way round, a commit
+        # landing in between made the latest checkpoint look like a rewind).
         position = self.position()
+        manifest = check_restorable(self.store, layout, self.paths.checkpoint_dir, checkpoint)
         if position is None or manifest.checkpoint_id >= position or self.options.allow_rewind:
             return
         raise CheckpointRestoreError(
