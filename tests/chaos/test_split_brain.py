@@ -121,7 +121,14 @@ def test_repeated_takeovers_keep_the_output_exact(tmp_path: Path) -> None:
             )
             time.sleep(rng.uniform(0.0, 3.0))
             runners.append(_start(tmp_path, index))
-        time.sleep(rng.uniform(8.0, 12.0))
+        # The last runner must own input of its own: on a loaded machine its start can
+        # outlast the feeder, and the runner it fenced would have processed everything.
+        _wait(
+            lambda: any(m["epoch"] == TAKEOVERS + 1 for m in _markers(tmp_path)),
+            180,
+            f"the last runner (epoch {TAKEOVERS + 1}) to commit",
+        )
+        time.sleep(rng.uniform(2.0, 4.0))
         feeder.halt.set()
         feeder.join()
         expected, _ = expected_results(feeder.files)
