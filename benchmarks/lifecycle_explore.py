@@ -68,6 +68,8 @@ def main() -> int:
     print(f"violations: {0 if violation is None else 1}")
     if violation is not None:
         print(f"{type(violation).__name__}: {violation}")
+        for note in getattr(violation, "__notes__", []):  # Hypothesis's moves to it
+            print(note)
         return 1
     return 0
 

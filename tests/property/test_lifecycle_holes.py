@@ -320,3 +320,22 @@ def test_a_takeover_from_the_latest_checkpoint_races_a_commit_of_the_running_job
     )
     blue.crash()
     scene.finish()
+
+
+def test_a_start_whose_checkpoint_folder_moved_before_it_took_the_lineage_is_refused(
+    scene: Scene,
+) -> None:
+    """Found by the lifecycle property test's deep profile (seed 11): a start checks its
+    checkpoint folder (blue's query is there), then, while its Spark session starts, a
+    handover stops blue and moves that folder aside. The start took the lineage after
+    and ran a new query in the empty folder: the input from its beginning, again (ids
+    0-3 twice). A start checks again once it holds the lineage."""
+    blue = _blue(scene)
+    takeover = scene.spawn("takeover", actors.runner(scene.world, actors.RunnerPlan()))
+    takeover.step()  # checked (blue's folder holds its query); about to take the epoch
+    green = _handover(scene, blue)  # blue stops at S1, its folder moved aside
+    scene.run(takeover)
+    assert isinstance(takeover.error, CheckpointRestoreError), takeover.error
+    assert "--from-savepoint" in str(takeover.error)
+    scene.run(green)
+    scene.finish()

@@ -76,14 +76,29 @@ class LineageStart:
     def check(self) -> None:
         """Step 1: everything a start checks before it changes anything; reads only."""
         self.check_restore_options()
-        self.check_rewind_pending()
-        self.check_fresh_start()
+        self.check_lineage_state()
 
     def take(self) -> Fence:
-        """Step 2: the lineage's next epoch."""
+        """Step 2: the lineage's next epoch.
+
+        What the start found at its check can change before it holds the lineage (a
+        driver's Spark session takes seconds to start): a handover or a rollback may have
+        moved the checkpoint folder aside, or a rollback restored the tables. Checked
+        again just before the epoch is taken (so a start refused then fences nobody) and
+        once more under it (nothing that moves the folder or restores tables runs past a
+        newer epoch unnoticed).
+        """
+        self.check_lineage_state()
         self.fence = Fence(self.control, self.control.acquire(takeover=self.options.takeover))
         log.info("took epoch %d of lineage %s", self.fence.epoch, self.paths.layout.lineage)
+        self.check_lineage_state()
         return self.fence
+
+    def check_lineage_state(self) -> None:
+        """The checks that read what other actors change: a rollback halfway, and the
+        checkpoint folder a new query would start from."""
+        self.check_rewind_pending()
+        self.check_fresh_start()
 
     def own(self, schemas: dict[str, Any]) -> None:
         """Step 3: records, tables, savepoints, restores (see the module docstring)."""
