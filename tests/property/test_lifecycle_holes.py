@@ -339,3 +339,36 @@ def test_a_start_whose_checkpoint_folder_moved_before_it_took_the_lineage_is_ref
     assert "--from-savepoint" in str(takeover.error)
     scene.run(green)
     scene.finish()
+
+
+def test_a_start_between_blues_stop_and_the_move_keeps_blues_folder(scene: Scene) -> None:
+    """The same race on the handover's side: a start takes the lineage after blue stopped
+    for the handover and before green moves blue's folder aside. The handover must not
+    move the folder from under it: the upgrade fails, that run keeps going, S1 is not
+    held any more."""
+    from streamkeeper.upgrade.record import UpgradeError
+
+    blue = _blue(scene)
+    green = scene.begin_handover()
+    scene.run(green, until="awaiting_command_result")
+    scene.run(blue)
+    scene.run(green, until="handover_after_stop_result")
+    start = scene.spawn("start", actors.runner(scene.world, actors.RunnerPlan(batches=1)))
+    scene.feed(2)
+    scene.run(start, until="batch_start")  # holds the lineage in blue's folder
+    scene.run(green)
+    assert isinstance(green.error, UpgradeError), green.error
+    record = scene.upgrade()
+    assert record is not None and record.phase == "failed", record
+    assert scene.world.live_dir.exists()
+    s1 = [
+        e
+        for e in SavepointRegistry(scene.world.layout().root.store(), scene.world.layout())
+        .read()
+        .savepoints
+        if e.holds
+    ]
+    assert s1 == [], s1
+    scene.run(start)
+    assert start.error is None, start.error
+    scene.finish()

@@ -115,7 +115,8 @@ def _hand_over(
         started=started,
         timeout=options.blue_stop_timeout,
     )
-    runner.options = replace(runner.options, from_savepoint=manifest.id)
+    # The handover holds the lineage for green (an epoch above blue's): green takes over.
+    runner.options = replace(runner.options, from_savepoint=manifest.id, takeover=True)
     return runner.run()
 
 

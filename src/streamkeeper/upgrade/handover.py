@@ -16,6 +16,7 @@ from typing import Any
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper.errors import StreamkeeperError
 from streamkeeper.lineage.commands import CommandBox
+from streamkeeper.lineage.control import ControlPlane
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointRegistry
@@ -73,6 +74,7 @@ def stop_blue(
         raise UpgradeError(f"upgrade {record.id!r}: {reason}")
     stopped = time.time()
     points.reached("handover_after_stop_result")
+    _hold_the_lineage(client, records, record, result.epoch, result.savepoint_id)
     archive = None
     if live_dir == blue_dir and blue_dir.exists():
         archive = Path(f"{blue_dir}.{record.id}.blue")
@@ -95,6 +97,37 @@ def stop_blue(
     )
     points.reached("handover_after_live")
     return manifest
+
+
+def _hold_the_lineage(
+    client: StreamkeeperClient,
+    records: UpgradeRecords,
+    record: UpgradeRecord,
+    blue_epoch: int | None,
+    s1: str,
+) -> None:
+    """Take the lineage from the stopped blue before its folder is moved aside.
+
+    A start of the job (a person, the monitor) could take the lineage between blue's stop
+    and green's start, then run its query in the folder the handover moves away: a new
+    query over the input from its beginning. A start that came first is respected (the
+    upgrade fails, blue's folder stays in place for it, S1 is released); one that comes
+    later is fenced by this epoch and commits nothing (green's start takes over from it).
+    """
+    layout = LineageLayout(client.location, record.lineage, record.job)
+    control = ControlPlane(client.store, layout)
+    latest = control.latest_epoch()
+    if blue_epoch is not None and latest > blue_epoch:
+        reason = (
+            f"the job was started again (epoch {latest}) after blue (epoch {blue_epoch}) "
+            "stopped for the handover; that run keeps blue's checkpoint folder, and the "
+            "upgrade ends here. Upgrade again once it runs"
+        )
+        SavepointRegistry(client.store, layout).release(s1, f"upgrade:{record.id}")
+        _fail(records, record, reason)
+        raise UpgradeError(f"upgrade {record.id!r}: {reason}")
+    lease = control.acquire(takeover=True)
+    log.info("upgrade %s: holds lineage %s at epoch %d", record.id, record.lineage, lease.epoch)
 
 
 def _hold_s1(
