@@ -113,6 +113,15 @@ DRIVER_ENV_NAMES = (
     "PYTHONIOENCODING",
     "PYTHONUTF8",
     "PYTHONWARNINGS",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
 )
 DRIVER_ENV_PREFIXES = ("LC_", "SPARK_", "PYSPARK_", "STREAMKEEPER_")
 # The default AWS credential chain's pointers (web identity, container and instance
