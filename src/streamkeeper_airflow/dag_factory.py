@@ -16,6 +16,10 @@ For each job (dag id `{job}.{action}`, tags `streamkeeper` and the job):
     {job}.rollback   manual; Params: savepoint_id, spec_path. Restores the tables to the
                      savepoint's versions and restarts the job from it.
 
+What a trigger's Params may change is bounded (launch_policy.py): override keys from an
+allow-list (the spec's `airflow.trigger_overrides` extends it), spec and suite paths under
+the jobs folder the spec was found in, masters the spec or the operator allows.
+
 Parsing stays light: this module imports Airflow's SDK, the operators (whose hooks,
 clients and launchers load only when a task runs) and the spec model (pydantic, yaml);
 never pyspark, boto3 or great_expectations. A spec that does not validate is skipped
