@@ -372,6 +372,10 @@ class AirflowSpec(_Strict):
     savepoint_schedule: str | None = None
     savepoint_format: Literal["native", "canonical"] = "native"
     restart: RestartSpec = Field(default_factory=RestartSpec)
+    # Override keys (shell-style patterns, e.g. `source.path`, `sinks.*.mode`) whoever
+    # triggers the job's DAGs may set, beyond a few harmless knobs: the DAG author's choice
+    # (streamkeeper_airflow/launch_policy.py; code-loading keys are refused whatever it says).
+    trigger_overrides: list[str] = Field(default_factory=list)
 
     @field_validator("monitor_schedule", "savepoint_schedule")
     @classmethod

@@ -16,6 +16,10 @@ For each job (dag id `{job}.{action}`, tags `streamkeeper` and the job):
     {job}.rollback   manual; Params: savepoint_id, spec_path. Restores the tables to the
                      savepoint's versions and restarts the job from it.
 
+What a trigger's Params may change is bounded (launch_policy.py): override keys from an
+allow-list (the spec's `airflow.trigger_overrides` extends it), spec and suite paths under
+the jobs folder the spec was found in, masters the spec or the operator allows.
+
 Parsing stays light: this module imports Airflow's SDK, the operators (whose hooks,
 clients and launchers load only when a task runs) and the spec model (pydantic, yaml);
 never pyspark, boto3 or great_expectations. A spec that does not validate is skipped
@@ -72,6 +76,12 @@ class JobEntry:
 
     def dag_id(self, action: str) -> str:
         return f"{self.name}.{action}"
+
+    @property
+    def jobs_folder(self) -> str:
+        """The folder the spec was found in (`{jobs_folder}/{job}/job.yaml`): a trigger's
+        spec and suite paths must lie under it (streamkeeper_airflow/launch_policy.py)."""
+        return str(self.spec_path.parent.parent)
 
 
 def find_jobs(folder: Path) -> list[JobEntry]:
@@ -181,6 +191,7 @@ def start_dag(entry: JobEntry) -> DAG:
             spark_master="{{ params.spark_master }}",
             overrides="{{ params.overrides }}",
             start_timeout="{{ params.start_timeout }}",
+            jobs_folder=entry.jobs_folder,
             retries=1,
             retry_delay=timedelta(seconds=10),
             on_failure_callback=_alert(entry),
@@ -217,6 +228,7 @@ def monitor_dag(entry: JobEntry) -> DAG:
             spec_path=str(entry.spec_path),
             conn_id=spec.airflow.conn_id,
             launcher=spec.airflow.launcher,
+            jobs_folder=entry.jobs_folder,
             enabled="{{ params.restart }}",
             max_attempts="{{ params.max_attempts }}",
             backoff="{{ params.backoff_seconds }}",
@@ -319,6 +331,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
         "job": entry.name,
         "conn_id": spec.airflow.conn_id,
         "upgrade_id": UPGRADE_ID,
+        "jobs_folder": entry.jobs_folder,
         **UPGRADE_RETRIES,
     }
     with _dag(
@@ -336,6 +349,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
             green_spec_path="{{ params.green_spec_path }}",
             blue_spec_path=str(entry.spec_path),
             format="{{ params.format }}",
+            jobs_folder=entry.jobs_folder,
             on_failure_callback=_alert(entry),
             **UPGRADE_RETRIES,
         )
@@ -405,6 +419,7 @@ def rollback_dag(entry: JobEntry) -> DAG:
             spec_path="{{ params.spec_path }}",
             overrides="{{ params.overrides }}",
             launcher=spec.airflow.launcher,
+            jobs_folder=entry.jobs_folder,
             on_failure_callback=_alert(entry),
         )
     return dag

@@ -23,3 +23,8 @@ class StartRefusedError(StreamkeeperAirflowError):
 
 class SecretSafeError(StreamkeeperAirflowError):
     """An error whose original message held a secret; this one holds it redacted."""
+
+
+class LaunchPolicyError(StreamkeeperAirflowError):
+    """A trigger's Param or a record read from storage asks for a launch the DAG author and
+    the operator did not allow (an override key, a spec path, a master, a credential)."""

@@ -4,6 +4,10 @@
     jobs_folder = /opt/jobs        # job specs (*/job.yaml) the DAGs are generated from
     workdir = /var/lib/streamkeeper  # drivers' working directory (relative spec paths)
     alert_sink = /var/log/streamkeeper/alerts.jsonl   # or https://hooks.example/alerts
+    trigger_overrides = source.path, sinks.*.mode   # override keys a trigger may set too
+    spark_masters = spark://gateway:7077            # masters a trigger may pick too
+    driver_env = NATS_CREDS, MYCOMPANY_*            # worker variables the driver gets too
+    spec_folders = /opt/releases                    # more folders specs may be taken from
 
 Each is also an environment variable (AIRFLOW__STREAMKEEPER__WORKDIR, ...), as any
 Airflow option is.
@@ -39,3 +43,28 @@ def workdir() -> str:
 
 def alert_sink() -> str | None:
     return option("alert_sink")
+
+
+def option_list(key: str) -> tuple[str, ...]:
+    """`[streamkeeper] key` as a comma-separated list (empty when unset)."""
+    return tuple(item.strip() for item in (option(key) or "").split(",") if item.strip())
+
+
+def trigger_overrides() -> tuple[str, ...]:
+    """Override keys (patterns) a trigger may set beyond the defaults (launch_policy.py)."""
+    return option_list("trigger_overrides")
+
+
+def spark_masters() -> tuple[str, ...]:
+    """Spark masters a trigger may pick beyond the spec's own and local ones."""
+    return option_list("spark_masters")
+
+
+def driver_env() -> tuple[str, ...]:
+    """Worker variables (names, or patterns such as `NATS_*`) the driver also gets."""
+    return option_list("driver_env")
+
+
+def spec_folders() -> tuple[str, ...]:
+    """Folders besides the jobs folder that spec and suite paths may point into."""
+    return option_list("spec_folders")

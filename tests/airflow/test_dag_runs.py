@@ -110,6 +110,10 @@ def place(
     write_event_files(place.events, files=3, events_per_file=200)
     conn_env("streamkeeper_default", str(place.root))
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(place.work))
+    # The operator's choices (launch_policy.py): a test's input and checkpoint folders, and
+    # its green specs beside them.
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__TRIGGER_OVERRIDES", "source.path, checkpoint.dir")
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__SPEC_FOLDERS", str(tmp_path))
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__ALERT_SINK", str(place.alerts))
     monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
     yield place

@@ -40,6 +40,7 @@ def test_the_quality_gate_reads_s3_tables_with_the_connections_credentials(
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)  # a worker holds no credential of its own
     record = UpgradeRecord("up-1", "keyed-totals", "keyed-totals", "shadow", {}, {})
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__JOBS_FOLDER", str(SUITE.parents[1]))
 
     quality = run_quality_gate(
         str(SUITE), record, {"totals": (uri, None)}, logging.getLogger("test"), s3

@@ -66,6 +66,7 @@ def s3_place(
     root = f"s3://{BUCKET}/{tmp_path.name}"
     conn_env("streamkeeper_default", root, host=canary_s3.endpoint_url)
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(place.work))
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__TRIGGER_OVERRIDES", "source.path, checkpoint.dir")
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__ALERT_SINK", str(place.alerts))
     monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
     place.root = root  # type: ignore[assignment] - an S3 root for this test

@@ -36,8 +36,12 @@ def _apps(cluster: SparkStandalone) -> list[dict]:
 
 
 def test_the_start_dag_launches_through_spark_submit_onto_the_master(
-    place: JobPlace, cluster: SparkStandalone
+    place: JobPlace, cluster: SparkStandalone, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The operator allows this cluster and one more override (launch_policy.py).
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__SPARK_MASTERS", cluster.master_url)
+    allowed = "source.path, checkpoint.dir, spark.conf.spark.executor.memory"
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__TRIGGER_OVERRIDES", allowed)
     overrides = {**place.overrides, "spark.conf.spark.executor.memory": "512m"}
     conf = {
         "overrides": overrides,

@@ -64,6 +64,7 @@ def airflow(
     passwords.write_text(json.dumps(PASSWORDS))
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__JOBS_FOLDER", str(jobs))
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(tmp_path / "work"))
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__TRIGGER_OVERRIDES", "source.path, checkpoint.dir")
     monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
     auth = {
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),

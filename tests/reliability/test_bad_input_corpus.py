@@ -25,6 +25,7 @@ prefix, and the bucket's listing (size, ETag) must not change either.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -1359,6 +1360,7 @@ CASES: list[Case] = [
         prepare=live_heartbeat,
     ),
 ]
+CASES += importlib.import_module("tests.reliability.corpus_hostile_trigger").HOSTILE_TRIGGER_CASES
 
 
 @pytest.fixture

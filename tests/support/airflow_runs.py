@@ -142,5 +142,6 @@ def prepare_scheduled_job(
     spec.write_text(text)
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__JOBS_FOLDER", str(jobs))
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__WORKDIR", str(place / "work"))
+    monkeypatch.setenv("AIRFLOW__STREAMKEEPER__TRIGGER_OVERRIDES", "source.path, checkpoint.dir")
     monkeypatch.setenv("STREAMKEEPER_SPARK_LOG_LEVEL", "ERROR")
     return root

@@ -448,6 +448,7 @@ class FaultRun:
             AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
             AIRFLOW__STREAMKEEPER__JOBS_FOLDER=str(self.work / "jobs"),
             AIRFLOW__STREAMKEEPER__WORKDIR=str(self.work / "drivers"),
+            AIRFLOW__STREAMKEEPER__SPEC_FOLDERS=str(self.work / "releases"),  # green's spec
             AIRFLOW__STREAMKEEPER__ALERT_SINK=str(self.work / "alerts.jsonl"),
             STREAMKEEPER_SPARK_LOG_LEVEL="ERROR",
         )

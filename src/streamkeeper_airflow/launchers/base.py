@@ -85,22 +85,87 @@ class Launcher(Protocol):
         ...
 
 
-# Airflow's own settings and secrets (connections, variables, config such as the fernet
-# key) are the worker's business, not the driver's: a driver gets only its storage's.
-_WORKER_ONLY_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_", "AIRFLOW__", "_AIRFLOW")
-_STORAGE_PREFIX = "AWS_"
+# The driver runs the job's transformation, user code: it gets the variables a Python
+# Spark driver needs, not the worker's (database URLs, cloud credential files, Airflow's
+# own settings and secrets). `[streamkeeper] driver_env` adds names or patterns.
+DRIVER_ENV_NAMES = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "HOSTNAME",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+    "TZ",
+    "LANG",
+    "LANGUAGE",
+    "JAVA_HOME",
+    "HADOOP_HOME",
+    "HADOOP_CONF_DIR",
+    "VIRTUAL_ENV",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONUNBUFFERED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONHASHSEED",
+    "PYTHONIOENCODING",
+    "PYTHONUTF8",
+    "PYTHONWARNINGS",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
+DRIVER_ENV_PREFIXES = ("LC_", "SPARK_", "PYSPARK_", "STREAMKEEPER_")
+# The default AWS credential chain's pointers (web identity, container and instance
+# credentials, profiles): never a key itself. Keys come from the connection only.
+AWS_CHAIN_NAMES = (
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_ROLE_SESSION_NAME",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CA_BUNDLE",
+    "AWS_STS_REGIONAL_ENDPOINTS",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+)
+AWS_CHAIN_PREFIXES = ("AWS_CONTAINER_", "AWS_EC2_METADATA_")
+
+
+def _passes(name: str, extra: tuple[str, ...]) -> bool:
+    import fnmatch
+
+    if name in DRIVER_ENV_NAMES or name.startswith(DRIVER_ENV_PREFIXES):
+        return True
+    if name in AWS_CHAIN_NAMES or name.startswith(AWS_CHAIN_PREFIXES):
+        return True
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in extra)
 
 
 def driver_environment(request: LaunchRequest, base: dict[str, str]) -> dict[str, str]:
-    """The driver's environment: the worker's, without Airflow's secrets, plus the storage
-    settings of the connection (which replace any AWS_* the worker had)."""
-    env = {k: v for k, v in base.items() if not k.startswith(_WORKER_ONLY_PREFIXES)}
+    """The driver's environment: the allow-listed variables of the worker's (`base`),
+    plus the storage settings of the connection (`request.env`, which replace any AWS_*
+    of the worker's; without them the worker's AWS_* pass as they are)."""
+    from streamkeeper_airflow import settings
+
+    extra = settings.driver_env()
+    if request.env:
+        env = {k: v for k, v in base.items() if _passes(k, extra)}
+    else:  # no connection settings: the worker's own storage settings are the driver's
+        env = {k: v for k, v in base.items() if _passes(k, extra) or k.startswith("AWS_")}
     if env.get("PYTHONPATH"):  # the driver runs in another directory: anchor relative entries
         entries = env["PYTHONPATH"].split(os.pathsep)
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(e) if e else e for e in entries)
-    if request.env:
-        env = {k: v for k, v in env.items() if not k.startswith(_STORAGE_PREFIX)}
-        env.update(request.env)
+    env.update(request.env)
     return env
 
 

@@ -2,9 +2,15 @@
 
 The monitor DAG runs it after its health check. It restarts only a FAILED job (a
 DEGRADED or FAILING one still runs), the way the job was last launched (spec, overrides,
-working directory, launcher: from `jobs/{job}/launch.json`), and counts the attempt in
+master, launcher: from `jobs/{job}/launch.json`), and counts the attempt in
 `jobs/{job}/restarts.json` before launching (see `restarts.py`). A retried restart task
 attaches to its own driver and is not counted twice.
+
+The launch record lives in storage, where anything that may write under the root could
+have edited it: it is held to the same rules as a trigger's Params (launch_policy.py:
+its spec under the jobs folder and of this job, its overrides allowed by that spec and
+the provider's config, its master allowed) before anything is counted or launched, and
+refused whole otherwise. The working directory is never taken from it: it is the DAG's.
 """
 
 from __future__ import annotations
@@ -89,25 +95,43 @@ class RestartJobOperator(StartJobOperator):
                 f"job {self.job!r} stays FAILED ({report.reason}): {decision.reason}; fix the "
                 "cause, then run its start DAG"
             )
+        self._reuse_last_launch()  # checked before the attempt is counted
         if decision.action == "restart" and not ledger.record_attempt(
             record, version, token=token, reason=report.reason
         ):
             raise AirflowSkipException("another monitor run is restarting the job")
-        self._reuse_last_launch()
         return super().execute(context)
 
     def _reuse_last_launch(self) -> None:
-        from streamkeeper_airflow.starts import latest_launch
+        """Take the spec, overrides, master and launcher of the job's last launch, once
+        they pass the checks a trigger's Params pass.
+
+        Raises:
+            AirflowFailException: the record asks for what the DAGs do not allow.
+        """
+        from pathlib import Path
+
+        from streamkeeper.errors import StreamkeeperError
+        from streamkeeper_airflow import settings
+        from streamkeeper_airflow.starts import latest_launch, launch_key
 
         record = latest_launch(self.hook.store, self.job) if self.reuse_last_launch else None
         if record is None:
             return
         launched = record.request
         self.spec_path = launched.get("spec_path") or self.spec_path
-        self.workdir = launched.get("workdir") or self.workdir
         self.overrides = {**(launched.get("overrides") or {}), **(self.overrides or {})}
         self.spark_master = self.spark_master or launched.get("master")
         self.launcher = record.launcher or self.launcher
+        workdir = str(Path(self.workdir or settings.workdir()).resolve())
+        try:
+            self.checked_launch(workdir)
+        except StreamkeeperError as error:
+            raise AirflowFailException(
+                f"launch record {launch_key(self.job)} refused: {error}. A restart launches "
+                "only what a start may: the record was edited in storage, or the rules "
+                f"changed since; run {self.job}.start to launch the job afresh"
+            ) from None
         self.log.info("restarting as launched by %s", record.origin or "an earlier start")
 
 

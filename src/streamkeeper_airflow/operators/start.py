@@ -28,6 +28,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from streamkeeper_airflow import settings
+from streamkeeper_airflow.errors import LaunchPolicyError
 from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
 
 if TYPE_CHECKING:
@@ -37,6 +38,17 @@ if TYPE_CHECKING:
     from streamkeeper_airflow.starts import StartOutcome
 
 _CREDENTIAL_WORDS = ("secret", "password", "credential", "access_key", "access.key", "token")
+
+
+def default_jobs_folder(spec_path: str | None) -> str | None:
+    """`[streamkeeper] jobs_folder`, else the folder holding the job's folder of a spec
+    path the DAG author wrote (`{jobs}/{job}/job.yaml`); None for a templated one."""
+    configured = settings.option("jobs_folder")
+    if configured:
+        return configured
+    if not spec_path or "{{" in spec_path:
+        return None
+    return str(Path(spec_path).resolve().parent.parent)
 
 
 class StartJobOperator(BaseOperator):
@@ -57,6 +69,10 @@ class StartJobOperator(BaseOperator):
         spark_master: the Spark master (default: the spec's).
         overrides: spec overrides, dotted.key -> value (`streamkeeper run --set`).
         workdir: the driver's working directory (default `[streamkeeper] workdir`).
+        jobs_folder: the folder the spec must lie in (the DAG factory's; default
+            `[streamkeeper] jobs_folder`, else the folder holding this spec's job folder).
+            `[streamkeeper] spec_folders` adds more. See launch_policy.py for what a
+            trigger may override and which masters it may pick.
         start_timeout: seconds to wait for the driver to run and checkpoint.
         poll_interval: seconds between control-plane polls while deferred.
     """
@@ -96,6 +112,7 @@ class StartJobOperator(BaseOperator):
         spark_master: str | None = None,
         overrides: dict[str, Any] | None = None,
         workdir: str | None = None,
+        jobs_folder: str | None = None,
         start_timeout: float | str = 900.0,
         poll_interval: float = 5.0,
         **kwargs: Any,
@@ -115,6 +132,7 @@ class StartJobOperator(BaseOperator):
         self.spark_master = spark_master
         self.overrides = overrides
         self.workdir = workdir
+        self.jobs_folder = jobs_folder or default_jobs_folder(spec_path)
         self.start_timeout = start_timeout
         self.poll_interval = poll_interval
 
@@ -197,8 +215,7 @@ class StartJobOperator(BaseOperator):
         Raises:
             AirflowFailException: a bad parameter or spec (retrying would not help).
         """
-        from streamkeeper.errors import SpecError
-        from streamkeeper.spec import load_spec
+        from streamkeeper.errors import StreamkeeperError
         from streamkeeper_airflow.launchers.base import LaunchRequest
         from streamkeeper_airflow.starts import START_FROM, run_token_for
 
@@ -206,21 +223,15 @@ class StartJobOperator(BaseOperator):
             raise AirflowFailException(
                 f"start_from {self.start_from!r} is not one of {', '.join(START_FROM)}"
             )
-        overrides = self._overrides()
         workdir = str(Path(self.workdir or settings.workdir()).resolve())
         try:
-            spec = load_spec(self._spec_file(workdir), overrides)
-        except SpecError as error:
+            spec_file, spec, overrides = self.checked_launch(workdir)
+        except StreamkeeperError as error:
             raise AirflowFailException(str(error)) from None
-        if spec.name != self.job:
-            raise AirflowFailException(
-                f"spec {self.spec_path!r} is job {spec.name!r}, not {self.job!r}; pass the "
-                "job's own spec"
-            )
         ti = context["ti"]
         return LaunchRequest(
             job=self.job,
-            spec_path=str(self._spec_file(workdir)),
+            spec_path=str(spec_file),
             root=self.hook.root,
             run_token=run_token_for(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
             workdir=workdir,
@@ -233,22 +244,77 @@ class StartJobOperator(BaseOperator):
             env=self.hook.settings.driver_env(),
         )
 
+    def checked_launch(self, workdir: str) -> tuple[Path, Any, dict[str, str]]:
+        """The spec file, the spec with the overrides, and the overrides, once the
+        launcher, spec path, overrides and master passed launch_policy.py (no side effect).
+
+        Raises:
+            LaunchPolicyError: what a trigger (or a record) may not change.
+            SpecError: the spec does not load or is another job's.
+        """
+        from streamkeeper.errors import SpecError
+        from streamkeeper.spec import load_spec
+        from streamkeeper_airflow.launch_policy import (
+            allowed_overrides,
+            check_master,
+            check_overrides,
+            confine_path,
+        )
+        from streamkeeper_airflow.launchers import LAUNCHERS
+
+        if self.launcher not in LAUNCHERS:
+            raise LaunchPolicyError(
+                f"launcher {self.launcher!r} is not one of {', '.join(LAUNCHERS)}"
+            )
+        spec_file = confine_path(
+            self._spec_file(workdir), self.spec_folders(), what=f"spec_path of job {self.job!r}"
+        )
+        authored = load_spec(spec_file)  # as its author wrote it: its allow-list, its master
+        if authored.name != self.job:
+            raise SpecError(
+                f"spec {self.spec_path!r} is job {authored.name!r}, not {self.job!r}; pass the "
+                "job's own spec"
+            )
+        given = self._trigger_overrides()
+        check_overrides(
+            given,
+            allowed_overrides(authored.airflow.trigger_overrides, settings.trigger_overrides()),
+        )
+        for master in (self.spark_master, given.get("spark.master")):
+            check_master(
+                master, spec_master=authored.spark.master, allowed=settings.spark_masters()
+            )
+        overrides = self._with_connection(given)
+        return spec_file, load_spec(spec_file, overrides), overrides
+
+    def spec_folders(self) -> list[str]:
+        """Where spec files may lie: the jobs folder, then `[streamkeeper] spec_folders`."""
+        return [*([self.jobs_folder] if self.jobs_folder else []), *settings.spec_folders()]
+
     def _spec_file(self, workdir: str) -> Path:
         path = Path(self.spec_path)
         return path if path.is_absolute() else Path(workdir) / path
 
-    def _overrides(self) -> dict[str, str]:
+    def _trigger_overrides(self) -> dict[str, str]:
+        """The overrides asked for, without the one the operator itself sets from the
+        connection (a launch record holds it: the restart puts it back the same)."""
         overrides = {str(k): str(v) for k, v in (self.overrides or {}).items()}
         for key in overrides:
             if any(word in key.lower() for word in _CREDENTIAL_WORDS):
-                raise AirflowFailException(
+                raise LaunchPolicyError(
                     f"override {key!r} looks like a credential; credentials reach the driver "
                     f"through the connection {self.conn_id!r} (its login/password), never "
                     "through overrides, which are visible on its command line"
                 )
         endpoint = self.hook.settings.endpoint_url
+        if endpoint and overrides.get("storage.endpoint_url") == endpoint:
+            del overrides["storage.endpoint_url"]
+        return overrides
+
+    def _with_connection(self, overrides: dict[str, str]) -> dict[str, str]:
+        endpoint = self.hook.settings.endpoint_url
         if endpoint:  # the connection is the authority on where the root is
-            overrides["storage.endpoint_url"] = endpoint
+            return {**overrides, "storage.endpoint_url": endpoint}
         return overrides
 
     def _from_checkpoint(self, spec: Any, workdir: str) -> str | None:

@@ -74,6 +74,28 @@ def _spec_file(path: str, workdir: str | None = None) -> Path:
     return spec if spec.is_absolute() else Path(workdir or settings.workdir()) / spec
 
 
+def spec_folders(jobs_folder: str | None = None) -> list[str]:
+    """Where a trigger's spec and suite paths may point: the jobs folder (the DAG
+    factory's, else `[streamkeeper] jobs_folder`), then `[streamkeeper] spec_folders`."""
+    folder = jobs_folder or settings.option("jobs_folder")
+    return [*([folder] if folder else []), *settings.spec_folders()]
+
+
+def _confined(path: str | Path, what: str, jobs_folder: str | None = None) -> Path:
+    """`path` (relative: to the working directory) if it lies under spec_folders().
+
+    Raises:
+        AirflowFailException: naming the path, the folders and the fix.
+    """
+    from streamkeeper_airflow.errors import LaunchPolicyError
+    from streamkeeper_airflow.launch_policy import confine_path
+
+    try:
+        return confine_path(_spec_file(str(path)), spec_folders(jobs_folder), what=what)
+    except LaunchPolicyError as error:
+        raise AirflowFailException(str(error)) from None
+
+
 class _UpgradeTask(BaseOperator):
     """What every upgrade task has: the job, its connection, the upgrade's id."""
 
@@ -87,6 +109,7 @@ class _UpgradeTask(BaseOperator):
         upgrade_id: str | None = None,
         conn_id: str = DEFAULT_CONN_ID,
         root: str | None = None,
+        jobs_folder: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -94,6 +117,7 @@ class _UpgradeTask(BaseOperator):
         self.upgrade_id = upgrade_id
         self.conn_id = conn_id
         self.root = root
+        self.jobs_folder = jobs_folder  # where spec and suite paths may point (spec_folders)
 
     @cached_property
     def hook(self) -> StreamkeeperHook:
@@ -168,7 +192,7 @@ class BeginUpgradeOperator(_UpgradeTask):
 
         if self.format not in ("native", "canonical"):
             raise AirflowFailException(f"format {self.format!r} is not one of native, canonical")
-        green = _spec_file(self.green_spec_path)
+        green = _confined(self.green_spec_path, "green_spec_path", self.jobs_folder)
         try:
             spec = load_spec(green)
         except SpecError as error:
@@ -181,6 +205,8 @@ class BeginUpgradeOperator(_UpgradeTask):
         token = _token(context)
         launch = latest_launch(self.hook.store, self.job)
         blue_spec = self.blue_spec_path or (launch.request.get("spec_path") if launch else None)
+        if blue_spec:  # read back from storage: the rollback would launch it
+            blue_spec = str(_confined(blue_spec, "blue_spec_path", self.jobs_folder))
         with self.hook._hidden():
             records = UpgradeRecords(self.hook.store, self.job)
             mine = [r for r in records.list() if r.green.get("begin_token") == token]
@@ -237,10 +263,11 @@ class StartGreenOperator(StartJobOperator):
                 f"upgrade {record.id!r} is {record.phase} ({record.reason}); green starts in "
                 "the shadow phase only"
             )
+        # Read back from storage: launch_request holds them to the rules a trigger's Params
+        # meet (launch_policy.py). The working directory is the DAG's, never the record's.
         blue_launch = record.blue.get("launch") or {}
         self.spec_path = record.green["spec_path"]
         self.overrides = {**(blue_launch.get("overrides") or {}), **(self.overrides or {})}
-        self.workdir = self.workdir or blue_launch.get("workdir")
         self.spark_master = self.spark_master or blue_launch.get("master")
         self.start_from = "resume"
         request = super().launch_request(context)
@@ -299,6 +326,7 @@ class ValidateUpgradeOperator(_UpgradeTask):
             if record.validation and record.validation.get("success"):
                 return record.validation  # a retry after the gate passed
             raise AirflowFailException(f"upgrade {record.id!r} is {record.phase}: {record.reason}")
+        self._check_suite(record)
         validation = self._validate(record)
         with self.hook._hidden():
             records = UpgradeRecords(self.hook.store, self.job)
@@ -312,6 +340,15 @@ class ValidateUpgradeOperator(_UpgradeTask):
             )
         self.log.info("upgrade %s validated: %s", record.id, validation["reason"])
         return validation
+
+    def _check_suite(self, record: UpgradeRecord) -> None:
+        """The suite lies under the jobs folder: checked before green is compared."""
+        from streamkeeper_airflow.errors import LaunchPolicyError
+
+        try:
+            expectations_file(self.expectations_path, record, self.jobs_folder)
+        except LaunchPolicyError as error:
+            raise AirflowFailException(f"upgrade {record.id!r} not validated: {error}") from None
 
     def _validate(self, record: UpgradeRecord) -> dict[str, Any]:
         from streamkeeper.spec import load_spec
@@ -346,16 +383,28 @@ class ValidateUpgradeOperator(_UpgradeTask):
             {s: (uri, None) for s, uri in tables.items()},
             self.log,
             self.hook.settings.s3_settings(),
+            jobs_folder=self.jobs_folder,
         )
 
 
-def expectations_file(path: str | None, record: UpgradeRecord) -> Path | None:
-    """The suite: the given path, else beside green's spec, else beside blue's."""
+def expectations_file(
+    path: str | None, record: UpgradeRecord, jobs_folder: str | None = None
+) -> Path | None:
+    """The suite: the given path, else beside green's spec, else beside blue's; each
+    under spec_folders() (a Param, or spec paths read back from the upgrade record).
+
+    Raises:
+        LaunchPolicyError: the suite lies outside those folders.
+    """
+    from streamkeeper_airflow.launch_policy import confine_path
+
+    folders = spec_folders(jobs_folder)
     if path:
-        return _spec_file(path)
+        return confine_path(_spec_file(path), folders, what="expectations_path")
     for spec in (record.green.get("spec_path"), record.blue.get("spec_path")):
         if spec and (Path(spec).parent / EXPECTATIONS_FILE).is_file():
-            return Path(spec).parent / EXPECTATIONS_FILE
+            suite = Path(spec).parent / EXPECTATIONS_FILE
+            return confine_path(suite, folders, what="expectations_path")
     return None
 
 
@@ -365,13 +414,15 @@ def run_quality_gate(
     tables: dict[str, tuple[str, int | None]],
     log: Any,
     s3: Any = None,
+    *,
+    jobs_folder: str | None = None,
 ) -> dict[str, Any] | None:
     """Great Expectations over `tables` (sink -> URI, version); None without a suite.
 
     `s3` (the connection's `S3Settings`) reaches tables on object storage: the worker's
     own environment need not hold any credential, the connection does.
     """
-    suite_path = expectations_file(path, record)
+    suite_path = expectations_file(path, record, jobs_folder)
     if suite_path is None:
         log.warning(
             "no expectation suite (%s) for %s: quality gate skipped", EXPECTATIONS_FILE, record.job
@@ -580,7 +631,12 @@ class ProbationOperator(_UpgradeTask):
         tables = {name: (uri, None) for name, uri in status.tables.items()}
         with self.hook._hidden():
             quality = run_quality_gate(
-                self.expectations_path, record, tables, self.log, self.hook.settings.s3_settings()
+                self.expectations_path,
+                record,
+                tables,
+                self.log,
+                self.hook.settings.s3_settings(),
+                jobs_folder=self.jobs_folder,
             )
         if quality is not None and not quality["success"]:
             reason = f"quality gate on the live tables: {quality['summary']}"
@@ -660,13 +716,13 @@ class RollbackOperator(StartJobOperator):
             launch = record.blue.get("launch") or {}
             self.spec_path = record.blue.get("spec_path") or self.spec_path
             self.overrides = {**(launch.get("overrides") or {}), **(self.overrides or {})}
-            self.workdir = self.workdir or launch.get("workdir")
             self.spark_master = self.spark_master or launch.get("master")
         if not self.savepoint_id or not self.spec_path:
             raise AirflowFailException(
                 "a rollback needs savepoint_id (see `streamkeeper savepoints JOB`) and the "
                 f"spec_path to restore it with; got {self.savepoint_id!r}, {self.spec_path!r}"
             )
+        self._check_launch()  # before the running job is stopped or a table restored
         launched = latest_launch(self.hook.store, self.job)
         self.start_from = "savepoint"
         if launched is None or launched.token != token:
@@ -683,6 +739,14 @@ class RollbackOperator(StartJobOperator):
         points.reached("rollback_before_restart")
         self.takeover = True
         return super().execute(context)
+
+    def _check_launch(self) -> None:
+        from streamkeeper.errors import StreamkeeperError
+
+        try:
+            self.checked_launch(str(Path(self.workdir or settings.workdir()).resolve()))
+        except StreamkeeperError as error:
+            raise AirflowFailException(f"rollback of {self.job!r} refused: {error}") from None
 
     def _rewind_pending(self) -> bool:
         from streamkeeper.lineage.layout import LineageLayout

@@ -102,6 +102,8 @@ class World:
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__STREAMKEEPER__JOBS_FOLDER": str(self.base / "jobs"),
             "AIRFLOW__STREAMKEEPER__WORKDIR": str(self.base / "drivers"),
+            "AIRFLOW__STREAMKEEPER__TRIGGER_OVERRIDES": "source.path, checkpoint.dir",
+            "AIRFLOW__STREAMKEEPER__SPEC_FOLDERS": str(self.green_spec.parent),
             "AIRFLOW__STREAMKEEPER__ALERT_SINK": str(self.base / "alerts.jsonl"),
             "AIRFLOW_CONN_STREAMKEEPER_DEFAULT": json.dumps(connection),
             # A dead triggerer's triggers move to a live one after this many seconds
