@@ -4,7 +4,11 @@ test_ui_browser.py; here the app runs without them (`authenticate=False`)."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from fastapi.testclient import TestClient
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
 from streamkeeper_airflow.ui.actions import dag_run_for
+from streamkeeper_airflow.ui.airflow_api import AirflowApi, api_base_url
 from streamkeeper_airflow.ui.app import create_app
 from tests.unit.test_client import JOB, NOW, write_control_plane
 
@@ -141,3 +146,109 @@ def test_each_action_asks_for_its_lifecycle_dag_run() -> None:
     ]:
         with pytest.raises(ValueError, match=words):
             dag_run_for("j", action, options)
+
+
+# -- trust boundaries: where actions go, what reaches the browser -----------------------
+
+
+def test_the_airflow_api_is_the_configured_url_or_this_api_servers_loopback_address() -> None:
+    loopback = {"base_url": None, "host": "0.0.0.0", "port": "8080", "ssl": False}
+    assert api_base_url(None, **loopback) == "http://127.0.0.1:8080"
+    assert api_base_url(None, **{**loopback, "host": "::"}) == "http://[::1]:8080"
+    assert api_base_url(None, **{**loopback, "host": "127.0.0.5"}) == "http://127.0.0.5:8080"
+    assert api_base_url(None, **{**loopback, "ssl": True}) == "https://127.0.0.1:8080"
+    behind_a_prefix = {**loopback, "base_url": "https://airflow.example.com/ops/"}
+    assert api_base_url(None, **behind_a_prefix) == "http://127.0.0.1:8080/ops"
+    for configured in ("https://airflow.internal/", "http://127.0.0.1:9090", "http://[::1]:1"):
+        assert api_base_url(configured, **loopback) == configured.rstrip("/")
+    with pytest.raises(ValueError, match=r"'http://airflow\.internal:8080'.*https://"):
+        api_base_url("http://airflow.internal:8080", **loopback)
+    for bad in ("ftp://127.0.0.1/", "https://user:pw@airflow.example.com", "airflow:8080"):
+        with pytest.raises(ValueError, match="airflow_api_url"):
+            api_base_url(bad, **loopback)
+    with pytest.raises(ValueError, match=r"\[api\] host '10\.1\.2\.3'.*airflow_api_url"):
+        api_base_url(None, **{**loopback, "host": "10.1.2.3"})
+
+
+@pytest.fixture
+def upstream() -> Iterator[tuple[str, list[str]]]:
+    """A loopback HTTP server standing for Airflow's API; records each request's raw path."""
+    paths: list[str] = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            paths.append(self.path)
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", paths
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_every_path_segment_sent_to_airflow_is_quoted_and_dot_segments_refused(
+    upstream: tuple[str, list[str]],
+) -> None:
+    url, paths = upstream
+    api = AirflowApi(url, "token")
+    api.trigger("j/../../config", {}, "note")
+    api.dag_run("j.savepoint", "manual__2024-01-01T00:00:00+00:00/../x")
+    assert paths == [
+        "/api/v2/dags/j%2F..%2F..%2Fconfig/dagRuns",
+        "/api/v2/dags/j.savepoint/dagRuns/manual__2024-01-01T00%3A00%3A00%2B00%3A00%2F..%2Fx",
+    ]
+    for dag_id, run_id in ((".", "x"), ("..", "x"), ("j.start", ".."), ("", "x")):
+        with pytest.raises(ValueError, match="path segment"):
+            api.dag_run(dag_id, run_id)
+    assert len(paths) == 2  # refused before any request
+
+
+def test_the_page_sends_a_strict_content_security_policy(root: Path) -> None:
+    http = _app(root)
+    for path in ("/", "/static/page.js", "/api/jobs", "/api/jobs/nope"):
+        headers = http.get(path).headers
+        policy = dict(
+            part.strip().split(" ", 1) for part in headers["content-security-policy"].split(";")
+        )
+        assert policy["default-src"] == "'self'" and policy["frame-ancestors"] == "'self'"
+        assert policy["script-src"] == "'self'" and policy["object-src"] == "'none'"
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["x-frame-options"] == "SAMEORIGIN"
+        assert headers["referrer-policy"] == "same-origin"
+    assert "style=" not in http.get("/").text  # inline styles would be blocked
+
+
+def test_error_text_from_storage_reaches_the_browser_redacted(tmp_path: Path) -> None:
+    secret = "canary-Secret-7f3a9c2e51d4b8"
+    root = tmp_path / "data"
+    failed = {"state": "FAILED", "reason": f"boom: nats://u:{secret}@h:4222 password={secret}"}
+    write_control_plane(root, heartbeat={**failed, "time": time.time()})
+    record = Path(write_control_plane(root, job="broken")) / "jobs" / "broken" / "job.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "interval": secret}))
+    http = TestClient(
+        create_app(
+            client_factory=lambda: StreamkeeperClient(str(root)),
+            secrets=lambda: [secret],
+            authenticate=False,
+        )
+    )
+    replies = {
+        path: http.get(path) for path in ("/api/jobs", f"/api/jobs/{JOB}", "/api/jobs/broken")
+    }
+    assert all(secret not in reply.text for reply in replies.values()), replies
+    assert "***" in replies[f"/api/jobs/{JOB}"].json()["summary"]["reason"]
+    unreadable = replies["/api/jobs"].json()["jobs"][0]  # a raw error quoting a stored value
+    assert unreadable["state"] == "UNKNOWN" and "could not convert" in unreadable["reason"]
+    assert replies["/api/jobs/broken"].status_code == 400  # the same error, as the detail's

@@ -7,8 +7,9 @@ Selenium) logs in on Airflow's login form, opens the page from Airflow's nav rou
 the running job with a non-empty chart, triggers a savepoint from the page, confirms it,
 follows the DAG run to success and sees the savepoint in the list. Around it: an
 anonymous request is refused (401), and a viewer, who may read but not trigger DAGs,
-gets Airflow's own 403 for every action of the page (the page forwards the user's token;
-it has no credential of its own), and no DAG run or file results. Screenshots go to
+gets a 403 for every action of the page (Airflow's auth manager decides, and the page
+has no credential of its own: it forwards the user's token), and no DAG run or file
+results. The page runs under its Content-Security-Policy throughout. Screenshots go to
 `.streamkeeper/screenshots/` (gitignored) and are named in the output.
 """
 
@@ -191,6 +192,13 @@ def _open_page(driver: Any, services: AirflowServices) -> None:
     driver.switch_to.frame(frame)
 
 
+WATCH_CSP = """
+window.cspViolations = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.cspViolations.push(`${e.violatedDirective} ${e.blockedURI}`));
+"""
+
+
 def _savepoint_ids(driver: Any) -> set[str]:
     from selenium.webdriver.common.by import By
 
@@ -219,7 +227,7 @@ def test_anonymous_and_viewer_requests_are_refused_by_airflows_auth(
             anonymous = httpx.post(services.api_url + url, json=options, timeout=30)
             assert anonymous.status_code == 401, (action, anonymous.text)
             refused = viewer.post(url, json=options)
-            assert refused.status_code == 403, (action, refused.text)  # Airflow's, for this user
+            assert refused.status_code == 403, (action, refused.text)  # Airflow's auth manager's
     # Refused means nothing happened: no DAG run was created, no file below the root.
     assert _dag_run_ids(admin) == runs_before
     assert _files(place / "data") == files_before
@@ -251,6 +259,7 @@ def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
         _shot(driver, "02-jobs-in-airflow")
         _open_page(driver, services)
         _wait(driver, lambda d: d.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}']"), 60, "row")
+        driver.execute_script(WATCH_CSP)  # what the page draws from here must pass its CSP
         driver.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}'] a").click()
         chart = _wait(
             driver,
@@ -284,6 +293,7 @@ def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
         _wait(driver, lambda d: _savepoint_ids(d) - before, 30, "the new savepoint in the list")
         new = _savepoint_ids(driver) - before
         _shot(driver, "05-savepoint-listed")
+        assert driver.execute_script("return window.cspViolations") == []
     finally:
         driver.quit()
     registry = {e.id: e for e in StreamkeeperClient(str(place / "data")).savepoints(JOB)}

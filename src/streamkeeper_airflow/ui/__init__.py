@@ -3,8 +3,10 @@
 `plugins/streamkeeper_plugin.py` mounts `build_app()` at `/streamkeeper` and adds a nav
 entry showing it. The modules, by purpose: `summaries` (the jobs table), `details` (one
 job's charts, savepoints, upgrades), `actions` (which DAG run each button asks for),
-`airflow_api` (Airflow's REST API with the user's token), `app` (the routes), `static/`
-(the page: plain HTML, CSS and JavaScript, no build step, nothing fetched from outside).
+`access` (which jobs a user may see and act on: their DAGs' permissions), `airflow_api`
+(Airflow's REST API with the user's token, at a configured address), `app` (the routes),
+`static/` (the page: plain HTML, CSS and JavaScript, no build step, nothing fetched from
+outside, nothing inline: the page's Content-Security-Policy allows only its own files).
 """
 
 from __future__ import annotations
@@ -41,4 +43,5 @@ def build_app(default_jobs_folder: Path) -> FastAPI:
     return create_app(
         client_factory=lambda: StreamkeeperHook(conn_id).client,
         spec_jobs=lambda: upgrade_specs(settings.jobs_folder(default_jobs_folder)),
+        secrets=lambda: StreamkeeperHook(conn_id).settings.secrets,
     )

@@ -7,24 +7,30 @@
     POST /api/jobs/{job}/actions/{action}  trigger savepoint|stop|restart|upgrade|rollback
     GET  /api/dag-runs/{dag_id}/{run_id}   one DAG run's state (Airflow's API)
 
-Every route sits behind Airflow's own authentication (`requires_authenticated`: the
+Every route sits behind Airflow's own authentication (its `get_user`: the
 JWT in the Authorization header or Airflow's `_token` cookie), so an anonymous request
-gets 401. Actions and runs go to Airflow's REST API with the caller's token: a user
-without the right to trigger a DAG gets Airflow's 403, passed on as it came.
+gets 401. A job is shown only to users who may read its DAGs (`access`); to others it
+is a 404, like a job that does not exist. An action also needs the right to trigger its
+DAG, and goes to Airflow's REST API at a configured or loopback address (never the
+request's `Host`) with the caller's token, so Airflow checks and audits it again. Text
+read from storage is redacted (`secrets.redact`) before it reaches the browser, and
+every response carries a strict Content-Security-Policy (`SECURITY_HEADERS`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, HTTPException, Request
+from fastapi import Body, Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse, JSONResponse
 
+from streamkeeper_airflow.secrets import redact_value
 from streamkeeper_airflow.ui import actions, details, summaries
-from streamkeeper_airflow.ui.airflow_api import AirflowApi, user_token
+from streamkeeper_airflow.ui.access import AirflowUserAccess, Everyone, JobAccess, job_of_dag
+from streamkeeper_airflow.ui.airflow_api import AirflowApi, configured_api_url, user_token
 
 if TYPE_CHECKING:
     from streamkeeper.client import StreamkeeperClient
@@ -32,6 +38,28 @@ if TYPE_CHECKING:
 STATIC = Path(__file__).parent / "static"
 PAGE_HEADER = "x-streamkeeper-page"  # set by page.js: a cross-site form cannot set it
 NOTE = "triggered from the streamkeeper operations page"
+# The page loads only its own files and talks only to its own routes. Airflow's UI shows
+# it in an iframe at /plugin/streamkeeper, served by the same api-server: so 'self' may
+# frame it and no other site may (clickjacking the action buttons).
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'self'",
+    ]
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "SAMEORIGIN",  # frame-ancestors for browsers without CSP level 2
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 class TtlCache:
@@ -49,23 +77,34 @@ class TtlCache:
 
 
 def _authenticated() -> list[Any]:
-    from airflow.api_fastapi.core_api.security import requires_authenticated
+    """Airflow's own login check (`get_user`: 401 without a valid JWT), keeping the user's
+    `JobAccess` for the routes."""
+    from airflow.api_fastapi.core_api.security import get_user
 
-    return [Depends(requires_authenticated())]
+    def remember_access(request: Request, user: Any = Depends(get_user)) -> None:  # noqa: B008
+        request.state.streamkeeper_access = AirflowUserAccess(user)
+
+    return [Depends(remember_access)]
 
 
-def _airflow_url(request: Request) -> str:
-    """`[streamkeeper] airflow_api_url`, else this request's origin (the same api-server)."""
-    from streamkeeper_airflow.settings import option
+def job_access(request: Request) -> JobAccess:
+    """The request's user's `JobAccess` (everyone's only if the app does not authenticate)."""
+    access = getattr(request.state, "streamkeeper_access", None)
+    if access is not None:
+        return access
+    if request.app.state.authenticate:  # fail closed, whatever order dependencies ran in
+        raise HTTPException(401, "Not authenticated")
+    return Everyone()
 
-    return option("airflow_api_url") or f"{request.url.scheme}://{request.url.netloc}"
+
+Access = Annotated[JobAccess, Depends(job_access)]
 
 
 def _airflow(request: Request) -> AirflowApi:
     token = user_token(request.headers.get("authorization"), dict(request.cookies))
-    if token is None:  # unreachable behind requires_authenticated; kept for authenticate=False
+    if token is None:  # unreachable behind get_user; kept for authenticate=False
         raise HTTPException(401, "Not authenticated")
-    return AirflowApi(_airflow_url(request), token)
+    return AirflowApi(configured_api_url(), token)
 
 
 def _reply(reply: Any) -> JSONResponse:
@@ -79,10 +118,12 @@ class JobSource:
         self,
         client_factory: Callable[[], StreamkeeperClient],
         spec_jobs: Callable[[], dict[str, list[str]]],
+        secrets: Callable[[], Iterable[str | None]],
         client_ttl: float,
     ) -> None:
         self._client = TtlCache(client_factory, client_ttl)
         self._specs = TtlCache(spec_jobs, 30.0)
+        self._secrets = TtlCache(lambda: tuple(secrets()), client_ttl)
 
     @property
     def client(self) -> StreamkeeperClient:
@@ -91,16 +132,28 @@ class JobSource:
     def specs(self) -> dict[str, list[str]]:
         return self._specs.get()
 
-    def names(self) -> tuple[list[str], set[str]]:
-        """Every job (ran below the root, or defined by a spec) and those that ran."""
+    def redacted(self, value: Any) -> Any:
+        """`value` (JSON-like) with the connection's secrets and credential-like text masked."""
+        return redact_value(value, self._secrets.get())
+
+    def names(self, access: JobAccess) -> tuple[list[str], set[str]]:
+        """Every job the user may see (ran below the root, or defined by a spec), and
+        those that ran."""
         started = set(self.client.jobs())
-        return sorted(started | set(self.specs())), started
+        return access.readable(sorted(started | set(self.specs()))), started
+
+    def visible(self, job: str, access: JobAccess) -> None:
+        """Raises a 404 for a job that does not exist or that the user may not see: the
+        same answer, so a job's existence is not leaked."""
+        if job not in self.names(access)[0]:
+            raise HTTPException(404, f"no job {job!r}")
 
 
 def create_app(
     *,
     client_factory: Callable[[], StreamkeeperClient],
     spec_jobs: Callable[[], dict[str, list[str]]] = dict,
+    secrets: Callable[[], Iterable[str | None]] = tuple,
     authenticate: bool = True,
     client_ttl: float = 60.0,
 ) -> FastAPI:
@@ -111,7 +164,9 @@ def create_app(
             connection `streamkeeper_default`); rebuilt every `client_ttl` seconds.
         spec_jobs: job name -> spec files a version of it may be upgraded to, for the
             jobs defined in the jobs folder (shown even before their first start).
-        authenticate: False only for tests and the benchmark's in-process client.
+        secrets: the connection's credentials, masked in every text the page shows.
+        authenticate: False only for tests and the benchmark's in-process client (then
+            every job is visible and every action allowed).
     """
     app = FastAPI(
         title="streamkeeper operations",
@@ -120,11 +175,21 @@ def create_app(
         redoc_url=None,
     )
 
+    source = JobSource(client_factory, spec_jobs, secrets, client_ttl)
+
     @app.exception_handler(ValueError)
     def bad_value(_: Request, error: ValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=400)
+        return JSONResponse({"detail": source.redacted(str(error))}, status_code=400)
 
-    source = JobSource(client_factory, spec_jobs, client_ttl)
+    @app.middleware("http")
+    async def security_headers(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    app.state.authenticate = authenticate
     _page_routes(app)
     _job_routes(app, source)
     _airflow_routes(app, source)
@@ -145,46 +210,58 @@ def _page_routes(app: FastAPI) -> None:
 
 def _job_routes(app: FastAPI, source: JobSource) -> None:
     @app.get("/api/jobs")
-    def jobs(q: str = "", offset: int = 0, limit: int = 20) -> dict[str, Any]:
-        names, started = source.names()
+    def jobs(access: Access, q: str = "", offset: int = 0, limit: int = 20) -> dict[str, Any]:
+        names, started = source.names(access)
         page = summaries.job_page(
             source.client, names=names, started=started, query=q, offset=offset, limit=limit
         )
-        return page.to_json()
+        return source.redacted(page.to_json())
 
     @app.get("/api/jobs/{job}")
-    def job(job: str, window: int = 200) -> dict[str, Any]:
-        client, (names, ran) = source.client, source.names()
+    def job(job: str, access: Access, window: int = 200) -> dict[str, Any]:
+        client, (names, ran) = source.client, source.names(access)
         if job not in names:
             raise HTTPException(404, f"no job {job!r}; jobs: {', '.join(names)}")
         page = summaries.job_page(client, names=[job], started=ran)
         started = job in ran  # a spec's job that never ran has no control plane yet
-        return {
-            "summary": page.jobs[0].to_json(),
-            "history": details.history_window(client, job, window) if started else None,
-            "savepoints": details.savepoint_list(client, job) if started else [],
-            "upgrades": details.recent_upgrades(client, job) if started else [],
-            "upgrade_specs": source.specs().get(job, []),
-            "windows": list(details.WINDOWS),
-        }
+        return source.redacted(
+            {
+                "summary": page.jobs[0].to_json(),
+                "history": details.history_window(client, job, window) if started else None,
+                "savepoints": details.savepoint_list(client, job) if started else [],
+                "upgrades": details.recent_upgrades(client, job) if started else [],
+                "upgrade_specs": source.specs().get(job, []),
+                "windows": list(details.WINDOWS),
+            }
+        )
 
 
 def _airflow_routes(app: FastAPI, source: JobSource) -> None:
     @app.get("/api/jobs/{job}/runs")
-    def runs(job: str, request: Request) -> JSONResponse:
+    def runs(job: str, request: Request, access: Access) -> JSONResponse:
+        source.visible(job, access)
         return _reply(_airflow(request).recent_runs(actions.lifecycle_dag_ids(job)))
 
     @app.post("/api/jobs/{job}/actions/{action}")
     def act(
-        job: str, action: str, request: Request, options: Annotated[dict[str, Any], Body()]
+        job: str,
+        action: str,
+        request: Request,
+        access: Access,
+        options: Annotated[dict[str, Any], Body()],
     ) -> JSONResponse:
         if request.headers.get(PAGE_HEADER) != "1" and "authorization" not in request.headers:
             raise HTTPException(403, f"actions need the {PAGE_HEADER} header (sent by the page)")
-        if job not in source.names()[0]:
-            raise HTTPException(404, f"no job {job!r}")
+        source.visible(job, access)
         run = actions.dag_run_for(job, action, options)
+        if not access.may_trigger(run.dag_id):
+            raise HTTPException(403, f"you may not trigger DAG {run.dag_id!r}")
         return _reply(_airflow(request).trigger(run.dag_id, run.conf, NOTE))
 
     @app.get("/api/dag-runs/{dag_id}/{run_id}")
-    def dag_run(dag_id: str, run_id: str, request: Request) -> JSONResponse:
+    def dag_run(dag_id: str, run_id: str, request: Request, access: Access) -> JSONResponse:
+        job = job_of_dag(dag_id)  # only a job's own DAGs, and only a job the user sees
+        if job is None:
+            raise HTTPException(404, f"no job DAG {dag_id!r}")
+        source.visible(job, access)
         return _reply(_airflow(request).dag_run(dag_id, run_id))

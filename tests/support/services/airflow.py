@@ -109,19 +109,26 @@ def airflow_env(extra: Mapping[str, str], port: int) -> dict[str, str]:
     }
 
 
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
 def _healthy(port: int) -> bool:
     with urllib.request.urlopen(f"http://{HOST}:{port}/api/v2/monitor/health", timeout=2) as r:
         return r.status == 200
 
 
 def start_airflow(
-    work_dir: Path, extra_env: Mapping[str, str], timeout: float = 180.0
+    work_dir: Path,
+    extra_env: Mapping[str, str],
+    timeout: float = 180.0,
+    components: tuple[str, ...] = COMPONENTS,
 ) -> AirflowServices:
     """Start api-server, scheduler, dag-processor and triggerer; wait for the API.
 
     Args:
         work_dir: where each component's log goes (`airflow-{component}.log`).
         extra_env: more environment for every component (connections, settings).
+        components: those to start (the api-server always, first).
     """
     port = free_port()
     env = airflow_env(extra_env, port)
@@ -131,6 +138,9 @@ def start_airflow(
         "scheduler": [*airflow, "scheduler", "--skip-serve-logs"],
         "dag-processor": [*airflow, "dag-processor"],
         "triggerer": [*airflow, "triggerer", "--skip-serve-logs"],
+    }
+    commands = {
+        name: argv for name, argv in commands.items() if name in {"api-server", *components}
     }
     running = AirflowServices(env=env, port=port)
     try:
