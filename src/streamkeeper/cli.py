@@ -27,6 +27,7 @@ from streamkeeper.errors import (
     CommandError,
     SavepointError,
     StreamkeeperError,
+    UnsafePathError,
     UnusableRootError,
 )
 from streamkeeper.spec import UID_PATTERN, JobSpec, load_spec
@@ -187,7 +188,12 @@ def run(
         )
         try:
             result = run_job(spec, options)
-        except (SavepointError, CheckpointRestoreError, UnusableRootError) as error:  # as asked
+        except (
+            SavepointError,
+            CheckpointRestoreError,
+            UnusableRootError,
+            UnsafePathError,
+        ) as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except StreamkeeperError as error:

@@ -59,6 +59,7 @@ from streamkeeper.snapshots.savepoint_disposal import delete_savepoint
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import SavepointEntry, SavepointRegistry, locate
 from streamkeeper.storage import Location, S3Settings, resolve_root
+from streamkeeper.storage.confine import NAME_PATTERN, checked_name
 
 __all__ = [
     "Checkpoint",
@@ -109,9 +110,16 @@ class JobRecord:
 
     @classmethod
     def from_json(cls, job: str, root: str, record: dict[str, Any]) -> JobRecord:
+        lineage = checked_name(
+            record.get("lineage") or job,
+            NAME_PATTERN,
+            what="lineage",
+            source=f"the job record {f'jobs/{job}/job.json'!r}",
+            expected="a lineage name (a-z, 0-9 and '-')",
+        )
         return cls(
             job=job,
-            lineage=str(record.get("lineage") or job),
+            lineage=lineage,
             root=str(record.get("root") or root),
             checkpoint_dir=record.get("checkpoint_dir"),
             interval=float(record.get("interval") or 1.0),

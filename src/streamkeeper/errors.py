@@ -15,6 +15,12 @@ class StorageError(StreamkeeperError):
     """Object storage is unreachable, refuses our credentials, or a path escapes its root."""
 
 
+class UnsafePathError(StorageError):
+    """A path, key or id would reach outside its folder: one given as a key to a store, or
+    one read back from storage (a manifest, an index, a registry entry, a job record),
+    which streamkeeper never writes. Raised before any byte is written or deleted."""
+
+
 class UnusableRootError(StorageError):
     """The start's probe of the root failed: unreachable, credentials refused, no bucket,
     not writable (bad input: the error names the fix)."""

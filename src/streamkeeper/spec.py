@@ -24,9 +24,8 @@ from pydantic import (
 )
 
 from streamkeeper.errors import SpecError
+from streamkeeper.storage.confine import NAME_PATTERN, SINK_NAME_PATTERN
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-SINK_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 

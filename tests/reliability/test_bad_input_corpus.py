@@ -1361,6 +1361,12 @@ CASES: list[Case] = [
     ),
 ]
 CASES += importlib.import_module("tests.reliability.corpus_hostile_trigger").HOSTILE_TRIGGER_CASES
+from tests.reliability.corpus_hostile_storage import (  # noqa: E402 - uses the helpers above
+    HOSTILE_STORAGE_CASES,
+    HOSTILE_STORAGE_ON_S3,
+)
+
+CASES += HOSTILE_STORAGE_CASES
 
 
 @pytest.fixture
@@ -1430,7 +1436,7 @@ ON_S3 = {
     "job-record-garbled",
     "command-id-reused-after-its-answer",
     "savepoint-of-a-stopped-job",
-}
+} | HOSTILE_STORAGE_ON_S3
 S3_CASES = [c for c in CASES if c.id in ON_S3]
 
 

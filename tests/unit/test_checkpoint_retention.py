@@ -298,7 +298,9 @@ def test_a_pinned_checkpoint_outlives_retention(harness: Harness) -> None:
     for n in range(3):
         harness.write_tree({"offsets/0": n, f"state/0/0/{n + 1}.delta": n})
         harness.uploader.upload(n + 1)
-    harness.uploader.index.update(lambda index: index.pins.update({"sp-1": 1}))
+    harness.uploader.index.update(
+        lambda index: index.pins.update({"sp-20270115T080000-00000001": 1})
+    )
     assert harness.uploader.retain(1) == [1, 3]
     assert checkpoint_ids(harness.store, harness.layout) == [1, 3]
     assert harness.stored_keys() == harness.referenced()

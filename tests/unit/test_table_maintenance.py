@@ -114,7 +114,7 @@ class Lineage:
     def savepoints(self, seqs: list[int]) -> None:
         entries = [
             SavepointEntry(
-                id=f"sp-{i}",
+                id=f"sp-20270115T080000-{i:08x}",
                 job="job",
                 lineage="lin",
                 format="native",
@@ -146,7 +146,7 @@ def test_savepoints_and_retained_checkpoints_set_the_floor(
 ) -> None:
     lineage = Lineage(tmp_path / "root", aged)
     lineage.markers(range(250))
-    lineage.index([246, 247, 248], pins={"sp-x": 120})
+    lineage.index([246, 247, 248], pins={"sp-20270115T080000-0000000a": 120})
     lineage.savepoints([160])
     assert lineage_protected_seqs(lineage.store, lineage.layout) == {246, 247, 248, 120, 160}
 
@@ -163,7 +163,7 @@ def test_a_pass_retires_the_markers_nothing_protects_and_keeps_the_floor(
 ) -> None:
     lineage = Lineage(tmp_path / "root", aged)
     lineage.markers(range(250))
-    lineage.index([246, 247, 248], pins={"sp-x": 120})
+    lineage.index([246, 247, 248], pins={"sp-20270115T080000-0000000a": 120})
     lineage.savepoints([160])
     maintenance = lineage.maintenance(markers_kept=50)
 

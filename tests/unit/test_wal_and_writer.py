@@ -19,8 +19,16 @@ from streamkeeper.storage import LocalStore, Location
 
 @pytest.fixture
 def wal(tmp_path: Path) -> WriteAheadLog:
-    layout = LineageLayout(Location(str(tmp_path)), "lin", "job")
+    # The layout's root says where merge files are staged (as URIs in the manifest).
+    layout = LineageLayout(Location(ROOT), "lin", "job")
     return WriteAheadLog(LocalStore(tmp_path), layout)
+
+
+ROOT = "/root"
+
+
+def _staged(lineage: str, seq: int) -> str:
+    return f"{ROOT}/lineages/{lineage}/wal/staging/{seq:020d}/totals/e3-{seq}.parquet"
 
 
 def manifest(seq: int, lineage: str = "lin") -> Manifest:
@@ -29,7 +37,7 @@ def manifest(seq: int, lineage: str = "lin") -> Manifest:
         output="merge",
         mode="exactly_once",
         key=["key"],
-        files=[DataFile(path=f"/s/{seq}.parquet", size=10, rows=2, stats="{}", writer="w")],
+        files=[DataFile(path=_staged(lineage, seq), size=10, rows=2, stats="{}", writer="w")],
     )
     return Manifest(
         lineage=lineage,

@@ -18,6 +18,12 @@ from typing import Any
 from streamkeeper.errors import CorruptManifestError, FencedError
 from streamkeeper.lineage.layout import LineageLayout, seq_of
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import (
+    SINK_NAME_PATTERN,
+    checked_name,
+    confined_key,
+    confined_uri,
+)
 
 MANIFEST_FORMAT = 1
 
@@ -225,4 +231,27 @@ class WriteAheadLog:
                 f"{self.layout.lineage!r}; two jobs share one lineage directory: give them "
                 "distinct lineage names"
             )
+        self._confine(manifest, f"WAL manifest {key!r}")
         return manifest
+
+    def _confine(self, manifest: Manifest, source: str) -> None:
+        """Every file a manifest lists lies in its batch's own folder: an append file in
+        the table's `sk-{lineage}/{seq}/`, a merge file in the WAL's staging folder of the
+        seq and sink. A commit adds them to a table and a merge reads them: one planted
+        elsewhere would make a table reference (and a vacuum delete) a file not ours.
+
+        Raises:
+            UnsafePathError: naming the first file (or sink) outside, and `source`.
+        """
+        for name, part in manifest.sinks.items():
+            checked_name(
+                name, SINK_NAME_PATTERN, what="sink", source=source, expected="a sink name"
+            )
+            if part.output == "append":
+                folder = self.layout.precommit_dir(manifest.seq)
+                for file in part.files:
+                    confined_key(folder, file.path, what="file", source=source)
+            else:
+                folder = self.layout.staging(manifest.seq, name).uri
+                for file in part.files:
+                    confined_uri(folder, file.path, what="staged file", source=source)

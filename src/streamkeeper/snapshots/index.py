@@ -20,9 +20,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamkeeper.errors import FencedError
-from streamkeeper.lineage.layout import LineageLayout, seq_of
+from streamkeeper.errors import FencedError, UnsafePathError
+from streamkeeper.lineage.layout import SEQ_WIDTH, LineageLayout, seq_of
+from streamkeeper.snapshots.savepoints import SAVEPOINT_ID_PATTERN
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import PLANTED_FIX, checked_name
 
 INDEX_FORMAT = 1
 
@@ -63,14 +65,38 @@ class CheckpointIndex:
         self.checkpoints = unique_entries([*self.checkpoints, entry])
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckpointIndex:
+    def from_json(
+        cls, data: dict[str, Any], source: str = "the checkpoint index"
+    ) -> CheckpointIndex:
+        """Raises UnsafePathError for an entry that is no checkpoint id or a pin that is no
+        savepoint id (they name keys to read and delete)."""
         entries = [IndexEntry(**entry) for entry in data.get("checkpoints", [])]
+        for entry in entries:
+            _checked_id(entry.id, source)
         return cls(
             owner_epoch=int(data.get("owner_epoch", 0)),
             checkpoints=unique_entries(entries),
-            pins={str(k): int(v) for k, v in data.get("pins", {}).items()},
+            pins={
+                checked_name(k, SAVEPOINT_ID_PATTERN, **_pin(source)): _checked_id(v, source)
+                for k, v in data.get("pins", {}).items()
+            },
             updated_at=float(data.get("updated_at", 0.0)),
         )
+
+
+def _checked_id(value: object, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnsafePathError(
+            f"{source} names checkpoint {value!r}, which is not a checkpoint id (a number "
+            f"of at most {SEQ_WIDTH} digits); {PLANTED_FIX}"
+        )
+    if len(str(value)) > SEQ_WIDTH:
+        raise UnsafePathError(f"{source} names checkpoint {value!r}, too long; {PLANTED_FIX}")
+    return value
+
+
+def _pin(source: str) -> dict[str, str]:
+    return {"what": "a pinning savepoint", "source": source, "expected": "a savepoint id"}
 
 
 def unique_entries(entries: Iterable[IndexEntry]) -> list[IndexEntry]:
@@ -93,8 +119,11 @@ def _from_manifests(store: ObjectStore, layout: LineageLayout) -> CheckpointInde
 
 def read_index(store: ObjectStore, layout: LineageLayout) -> CheckpointIndex:
     """The lineage's checkpoint index (empty if it never externalized a checkpoint)."""
-    data = store.read_json(layout.checkpoint_index)
-    return _from_manifests(store, layout) if data is None else CheckpointIndex.from_json(data)
+    key = layout.checkpoint_index
+    data = store.read_json(key)
+    if data is None:
+        return _from_manifests(store, layout)
+    return CheckpointIndex.from_json(data, f"the checkpoint index {key!r}")
 
 
 class IndexWriter:
@@ -116,7 +145,8 @@ class IndexWriter:
         data, version = self.store.read_versioned(self.layout.checkpoint_index)
         if data is None:
             return _from_manifests(self.store, self.layout), None
-        return CheckpointIndex.from_json(data), version
+        source = f"the checkpoint index {self.layout.checkpoint_index!r}"
+        return CheckpointIndex.from_json(data, source), version
 
     def update(self, change: Callable[[CheckpointIndex], None]) -> CheckpointIndex:
         """Apply `change` to the current index and store it (retried on a concurrent write).

@@ -42,6 +42,7 @@ from typing import Any
 from streamkeeper.errors import CheckpointRestoreError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import LocalStore, ObjectStore, S3Store
+from streamkeeper.storage.confine import clean_relative, confined_key
 
 CHECKPOINT_FORMAT = 1
 WORKERS = 8  # concurrent file transfers; small files dominate, so requests, not bytes, cost
@@ -168,9 +169,35 @@ def checkpoint_ids(store: ObjectStore, layout: LineageLayout) -> list[int]:
 def read_manifest(
     store: ObjectStore, layout: LineageLayout, checkpoint_id: int
 ) -> CheckpointManifest | None:
+    """The checkpoint's manifest, every path and key in it checked (None if absent).
+
+    Raises:
+        CheckpointRestoreError: another format.
+        UnsafePathError: a path or key outside its folder (nothing was written or deleted).
+    """
     key = layout.checkpoint_manifest(checkpoint_id)
     data = store.read_json(key)
-    return None if data is None else CheckpointManifest.from_json(data, key)
+    if data is None:
+        return None
+    manifest = CheckpointManifest.from_json(data, key)
+    confine_files(
+        manifest.files, key_folder=layout.checkpoint_files, source=f"checkpoint manifest {key!r}"
+    )
+    return manifest
+
+
+def confine_files(files: list[CheckpointFile], *, key_folder: str, source: str) -> None:
+    """Check a manifest's files before anything is fetched, written or deleted: each path
+    is joined to the directory a restore writes, each key must lie below `key_folder`.
+
+    Raises:
+        UnsafePathError: naming the first bad path or key, `source` and the fix.
+    """
+    for file in files:
+        clean_relative(
+            file.path, what="file path", source=source, within="the checkpoint directory"
+        )
+        confined_key(key_folder, file.key, what="file key", source=source)
 
 
 def sha256_of(path: Path) -> str:
@@ -201,7 +228,7 @@ class FileTransfer:
                     return
             client.upload_file(str(source), bucket, self._s3_key(key))
             return
-        target = self.store.root / key
+        target = self.store._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")  # hidden from list()
         try:
@@ -224,7 +251,7 @@ class FileTransfer:
             body = source.read_bytes()
             self.store.client.put_object(Bucket=self.store.bucket, Key=self._s3_key(key), Body=body)
             return len(body), hashlib.sha256(body).hexdigest()
-        target = self.store.root / key
+        target = self.store._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -250,11 +277,11 @@ class FileTransfer:
             else:
                 client.copy(source, bucket, self._s3_key(target_key))  # multipart when large
             return
-        target = self.store.root / target_key
+        target = self.store._path(target_key)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         try:
-            shutil.copyfile(self.store.root / source_key, tmp)  # the kernel's copy path
+            shutil.copyfile(self.store._path(source_key), tmp)  # the kernel's copy path
             with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
             os.replace(tmp, target)
@@ -264,7 +291,7 @@ class FileTransfer:
     def get(self, key: str, target: Path, size: int | None = None) -> None:
         """Download `key` to `target`; a missing key raises FileNotFoundError."""
         if not isinstance(self.store, S3Store):
-            shutil.copyfile(self.store.root / key, target)
+            shutil.copyfile(self.store._path(key), target)
             return
         from botocore.exceptions import ClientError
 
@@ -281,5 +308,4 @@ class FileTransfer:
             raise
 
     def _s3_key(self, key: str) -> str:
-        prefix = self.store.prefix  # type: ignore[union-attr]
-        return f"{prefix}/{key}" if prefix else key
+        return self.store._key(key)  # type: ignore[union-attr]  # checks the key

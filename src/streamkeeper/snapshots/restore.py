@@ -29,6 +29,7 @@ from streamkeeper.snapshots.manifest import (
     sha256_of,
 )
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import clean_relative, confined_path
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,10 @@ def download(
 
     Raises:
         CheckpointRestoreError: a file is missing or does not match its size/sha256.
+        UnsafePathError: a path outside the directory (checked before anything is written).
     """
+    for relative in [*(f.path for f in files), *(extra or {})]:  # before the first byte
+        clean_relative(relative, what="file path", source=label, within=repr(str(local_dir)))
     staging = local_dir.parent / f".{local_dir.name}.restore-{uuid.uuid4().hex[:8]}"
     staging.mkdir(parents=True)
     transfer = FileTransfer(store)
@@ -110,7 +114,7 @@ def download(
         with ThreadPoolExecutor(max_workers=WORKERS) as pool:
             list(pool.map(lambda f: fetch(transfer, f, key_of(f), staging, label), files))
         for path, body in (extra or {}).items():
-            (staging / path).write_bytes(body)
+            confined_path(staging, path, what="file path", source=label).write_bytes(body)
         if before_rename is not None:
             before_rename()
         os.replace(staging, local_dir)  # onto an empty directory too (rename(2))
@@ -187,7 +191,7 @@ def _counting(
 def _fetch(
     transfer: FileTransfer, file: CheckpointFile, key: str, staging: Path, label: str
 ) -> None:
-    target = staging / file.path
+    target = confined_path(staging, file.path, what="file path", source=label)
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         transfer.get(key, target, file.size)

@@ -20,6 +20,7 @@ from streamkeeper.lineage.layout import LineageLayout, seq_of
 from streamkeeper.snapshots.index import CheckpointIndex, IndexWriter, unique_entries
 from streamkeeper.snapshots.manifest import read_manifest
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import confined_key
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def _drop(
     garbage = set().union(*(keys_of(i) for i in dropped)) if dropped else set()
     garbage -= _referenced(after, keys_of)
     store, layout = writer.store, writer.layout
+    for key in garbage:  # every delete stays in the checkpoint store (read_manifest checked)
+        confined_key(layout.checkpoint_files, key, what="file key", source="a dropped checkpoint")
     # Manifests first: once a manifest is gone nothing can restore from it.
     store.delete([layout.checkpoint_manifest(i) for i in dropped])
     store.delete(sorted(garbage))

@@ -13,16 +13,24 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamkeeper.errors import BrokenSavepointError
+from streamkeeper.errors import BrokenSavepointError, UnsafePathError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.index import read_index
+from streamkeeper.snapshots.manifest import confine_files
 from streamkeeper.snapshots.savepoint_manifest import (
     SELF_CONTAINED_FOLDER,
     SavepointManifest,
     SavepointPlace,
 )
 from streamkeeper.snapshots.savepoints import SavepointEntry
+from streamkeeper.state.format import STATE_FOLDER
 from streamkeeper.state.positions import file_log_offset
+from streamkeeper.storage.confine import (
+    NAME_PATTERN,
+    checked_name,
+    clean_relative,
+    confined_key,
+)
 
 log = logging.getLogger(__name__)
 SHOWN_PROBLEMS = 5
@@ -88,6 +96,10 @@ def check_savepoint(
     check.manifest = manifest
     if manifest.id != savepoint_id:
         check.problems.append(f"its manifest is savepoint {manifest.id!r}'s")
+    unsafe = unsafe_paths(place, manifest)
+    if unsafe:  # nothing it names is looked at
+        check.problems.append(unsafe)
+        return check
     if manifest.storage == "pinned":
         check.problems += _pin_problems(place, manifest, layout)
     check.problems += _file_problems(place, manifest)
@@ -96,6 +108,41 @@ def check_savepoint(
     else:
         check.problems += _source_log_problems(manifest)
     return check
+
+
+def unsafe_paths(place: SavepointPlace, manifest: SavepointManifest) -> str | None:
+    """Why a path or key the manifest lists would reach outside its folder, or None.
+
+    Checked before any of them is listed, read or written: file paths are joined to the
+    restored checkpoint directory, file keys to the savepoint's folder (self-contained)
+    or its lineage's content-addressed store (pinned), state tables to the savepoint's
+    `state/` folder, source log names to a source's folder in the new checkpoint.
+    """
+    source = f"savepoint manifest {place.manifest_key!r}"
+    try:
+        confine_files(manifest.files, key_folder=key_folder(manifest, source), source=source)
+        for op in manifest.operators:
+            if op.table:
+                confined_key(STATE_FOLDER, op.table, what="state table", source=source)
+        for log in ((manifest.source or {}).get("log") or {}).values():
+            for name in (log or {}).get("files") or {}:
+                clean_relative(
+                    name, what="source log file", source=source, within="its source's folder"
+                )
+    except UnsafePathError as error:
+        return str(error)
+    return None
+
+
+def key_folder(manifest: SavepointManifest, source: str) -> str:
+    """Where every file key of the manifest lies: relative to the savepoint's folder for
+    a self-contained savepoint, the lineage's checkpoint store's for a pinned one."""
+    if manifest.storage == "self_contained":
+        return SELF_CONTAINED_FOLDER
+    lineage = checked_name(
+        manifest.lineage, NAME_PATTERN, what="lineage", source=source, expected="a lineage name"
+    )
+    return f"lineages/{lineage}/checkpoints/files"
 
 
 def _source_log_problems(manifest: SavepointManifest) -> list[str]:

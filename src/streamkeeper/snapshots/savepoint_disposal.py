@@ -21,6 +21,7 @@ from streamkeeper.snapshots.index import CheckpointIndex
 from streamkeeper.snapshots.savepoint_check import check_savepoint
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest, SavepointPlace
 from streamkeeper.snapshots.savepoints import (
+    SAVEPOINT_ID_PATTERN,
     Registry,
     SavepointRegistry,
     expired,
@@ -28,6 +29,7 @@ from streamkeeper.snapshots.savepoints import (
     savepoints_in_use,
 )
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import checked_name, joined_key
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def unpin(store: ObjectStore, layout: LineageLayout, savepoint_id: str) -> None:
         data, version = store.read_versioned(key)
         if data is None:
             return
-        index = CheckpointIndex.from_json(data)
+        index = CheckpointIndex.from_json(data, f"the checkpoint index {key!r}")
         if savepoint_id not in index.pins:
             return
         del index.pins[savepoint_id]
@@ -92,13 +94,27 @@ def delete_savepoint(
             )
         registry.update(lambda r: _set_state(r, savepoint_id, "deleting"), epoch)
     savepoint_points.reached("savepoint_dispose_after_mark")
-    folder = layout.savepoint(savepoint_id)
+    # Confined to the savepoint's own folder, whatever id reached here.
+    folder = joined_key(
+        layout.savepoints,
+        checked_name(savepoint_id, SAVEPOINT_ID_PATTERN, **_deleted(layout)),
+        what="savepoint",
+        source=f"the savepoint registry {layout.savepoint_registry!r}",
+    )
     store.delete([layout.savepoint_manifest(savepoint_id)])  # nothing restores from it now
     store.delete_folder(folder)  # with what a copy interrupted by a crash left
     savepoint_points.reached("savepoint_dispose_after_data")
     unpin(store, layout, savepoint_id)
     registry.update(lambda r: _forget(r, savepoint_id), epoch)
     log.info("savepoint %s of lineage %s deleted", savepoint_id, layout.lineage)
+
+
+def _deleted(layout: LineageLayout) -> dict[str, str]:
+    return {
+        "what": "savepoint",
+        "source": f"the savepoint registry {layout.savepoint_registry!r}",
+        "expected": "a savepoint id (like sp-20270115T080000-1a2b3c4d)",
+    }
 
 
 def _set_state(registry: Registry, savepoint_id: str, state: str) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from streamkeeper.errors import BrokenSavepointError, SavepointError
 from streamkeeper.snapshots.manifest import CheckpointFile
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import confined_key
 
 MANIFEST_VERSION = 1
 SavepointFormat = Literal["native", "canonical"]
@@ -180,8 +181,14 @@ class SavepointPlace:
         return f"{self.folder}/{relative}" if self.folder else relative
 
     def file_key(self, manifest: SavepointManifest, file: CheckpointFile) -> str:
-        """The storage key of one captured file."""
-        return self.key(file.key) if manifest.storage == "self_contained" else file.key
+        """The storage key of one captured file (checked by `savepoint_check.unsafe_paths`
+        first; confined here again)."""
+        source = f"savepoint manifest {self.manifest_key!r}"
+        if manifest.storage == "self_contained":
+            folder = SELF_CONTAINED_FOLDER
+            return self.key(confined_key(folder, file.key, what="file key", source=source))
+        folder = f"lineages/{manifest.lineage}/checkpoints/files"
+        return confined_key(folder, file.key, what="file key", source=source)
 
     def read(self) -> SavepointManifest | None:
         """The manifest, or None if there is none here.

@@ -25,10 +25,12 @@ from typing import Any, Literal
 from streamkeeper.errors import FencedError, SavepointError, UnknownSavepointError
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import ObjectStore
+from streamkeeper.storage.confine import checked_name
 
 REGISTRY_VERSION = 1
 EntryState = Literal["pending", "complete", "deleting"]
-_SAVEPOINT_ID = re.compile(r"^sp-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$")
+SAVEPOINT_ID_PATTERN = r"sp-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}"
+_SAVEPOINT_ID = re.compile(SAVEPOINT_ID_PATTERN)
 
 
 def new_savepoint_id(now: float | None = None) -> str:
@@ -73,7 +75,18 @@ class SavepointEntry:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SavepointEntry:
+    def from_json(
+        cls, data: dict[str, Any], source: str = "a savepoint registry"
+    ) -> SavepointEntry:
+        """Raises UnsafePathError unless the id has the form ids are written with (it names
+        the folder a delete removes: an empty one would be every savepoint's)."""
+        checked_name(
+            data.get("id"),
+            SAVEPOINT_ID_PATTERN,
+            what="savepoint",
+            source=source,
+            expected="a savepoint id (like sp-20270115T080000-1a2b3c4d)",
+        )
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
@@ -91,10 +104,10 @@ class Registry:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Registry:
+    def from_json(cls, data: dict[str, Any], source: str = "a savepoint registry") -> Registry:
         return cls(
             owner_epoch=int(data.get("owner_epoch", 0)),
-            savepoints=[SavepointEntry.from_json(e) for e in data.get("savepoints", [])],
+            savepoints=[SavepointEntry.from_json(e, source) for e in data.get("savepoints", [])],
             updated_at=float(data.get("updated_at", 0.0)),
         )
 
@@ -108,7 +121,11 @@ class SavepointRegistry:
 
     def read(self) -> Registry:
         data = self.store.read_json(self.layout.savepoint_registry)
-        return Registry() if data is None else Registry.from_json(data)
+        return Registry() if data is None else Registry.from_json(data, self._source)
+
+    @property
+    def _source(self) -> str:
+        return f"the savepoint registry {self.layout.savepoint_registry!r}"
 
     def entry(self, savepoint_id: str) -> SavepointEntry:
         """Raises UnknownSavepointError naming the lineage's savepoints."""
@@ -134,7 +151,7 @@ class SavepointRegistry:
         """
         while True:
             data, version = self.store.read_versioned(self.layout.savepoint_registry)
-            registry = Registry() if data is None else Registry.from_json(data)
+            registry = Registry() if data is None else Registry.from_json(data, self._source)
             if epoch is not None and registry.owner_epoch > epoch:
                 raise FencedError(
                     f"runner epoch {epoch} of lineage {self.layout.lineage!r} is fenced: epoch "
@@ -262,8 +279,9 @@ def locate(store: ObjectStore, savepoint_id: str) -> tuple[str, SavepointEntry]:
     """
     check_savepoint_id(savepoint_id)
     for lineage in store.children("lineages"):
-        data = store.read_json(f"lineages/{lineage}/savepoints/registry.json")
-        found = None if data is None else Registry.from_json(data).find(savepoint_id)
+        key = f"lineages/{lineage}/savepoints/registry.json"
+        data = store.read_json(key)
+        found = None if data is None else Registry.from_json(data, repr(key)).find(savepoint_id)
         if found is not None:
             return lineage, found
     raise UnknownSavepointError(

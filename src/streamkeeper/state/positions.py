@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from streamkeeper.errors import CheckpointRestoreError
+from streamkeeper.storage.confine import confined_path
 
 _LOG_VERSION = "v1"
 
@@ -258,7 +259,9 @@ def write_restored_positions(
             second.append(json.dumps({"logOffset": 1}))
             continue
         for name, text in ((log or {}).get("files") or {}).items():
-            write_text_atomically(folder / name, text)
+            # The name comes from the savepoint's manifest: it stays in the source's folder.
+            where = confined_path(folder, name, what="source log file", source="the savepoint")
+            write_text_atomically(where, text)
         first.append("-" if offset is None else offset)
         second.append("-" if offset is None else offset)
     metadata = json.loads(bootstrap_offsets[0])

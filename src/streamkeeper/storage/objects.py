@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from streamkeeper.errors import CorruptObjectError, StorageError
+from streamkeeper.errors import CorruptObjectError
+from streamkeeper.storage.confine import check_store_key
 from streamkeeper.storage.location import Location, S3Settings
 
 
@@ -81,6 +82,8 @@ class ObjectStore:
 
     def delete_folder(self, prefix: str) -> None:
         """Delete every object below `prefix`, and whatever unfinished writes left there."""
+        if not prefix.strip("/"):
+            raise ValueError("delete_folder needs a folder below the root, not the root")
         self.delete(self.list(prefix))
 
 
@@ -120,12 +123,7 @@ class LocalStore(ObjectStore):
 
     def _path(self, key: str) -> Path:
         # The backstop under every caller's own check: no key reaches outside the root.
-        if key.startswith("/") or ".." in key.split("/"):
-            raise StorageError(
-                f"key {key!r} escapes the store's root {str(self.root)!r}; keys are "
-                "relative paths without '..'"
-            )
-        return self.root / key
+        return self.root / check_store_key(key, str(self.root))
 
     def read_json(self, key: str) -> dict[str, Any] | None:
         try:
@@ -206,6 +204,7 @@ class LocalStore(ObjectStore):
         return self._path(key).exists()
 
     def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        prefix = prefix.rstrip("/")  # a folder's keys are `folder/name`, as S3 lists them
         base = f"{prefix}/" if prefix else ""
         if start_after is not None and not start_after.startswith(base):
             # A start key outside the prefix sorts before or after every key below it.
@@ -271,6 +270,9 @@ class S3Store(ObjectStore):
         )
 
     def _key(self, key: str) -> str:
+        # The backstop under every caller's own check: S3 takes `..` literally, but a key
+        # with it is never ours, and a prefix-less store must not be steered across.
+        check_store_key(key, self.location.uri)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def read_json(self, key: str) -> dict[str, Any] | None:
