@@ -372,3 +372,40 @@ def test_a_start_between_blues_stop_and_the_move_keeps_blues_folder(scene: Scene
     scene.run(start)
     assert start.error is None, start.error
     scene.finish()
+
+
+def test_files_a_failed_batchs_tasks_write_after_it_gave_up_are_swept(scene: Scene) -> None:
+    """Found by the combined lifecycle chaos run in CI: the rollback cancelled green's job
+    mid-batch; the batch gave up (swept its folder, deleted its claim), then its tasks
+    finished the files they were writing. Nothing led a sweep to them any more, and a
+    merge sink's staged files were never swept at all. The claim stays, voided, until a
+    recovery has swept again."""
+    from streamkeeper import injection
+    from streamkeeper.lineage.layout import seq_of
+
+    world = scene.world
+    store = world.layout().root.store()
+    failed: list[int] = []
+
+    def cancelled(**_context: object) -> None:
+        if len(failed) == 0 and store.list(world.layout().manifests):
+            failed.append(max(seq_of(k) for k in store.list(world.layout().manifests)))
+            raise RuntimeError("job cancelled while its tasks wrote")
+
+    blue = scene.spawn("blue", actors.runner(world, actors.RunnerPlan(batches=2)))
+    scene.run(blue, until="batch_after_commit")  # batch 0 pre-committed
+    injection.register("batch_before_manifest", cancelled)
+    scene.run(blue)
+    assert isinstance(blue.error, RuntimeError), blue.error
+    (seq,) = failed
+    late = world.table_path("ledger") / world.layout().precommit_dir(seq) / "e1-late.parquet"
+    staged = world.root / world.layout().staging_prefix(seq) / "last" / "e1-late.parquet"
+    for path in (late, staged):  # the tasks' files, finished after the batch gave up
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"PAR1")
+    # The next start's recovery, before any batch of its own could reuse the seq (after a
+    # rollback its marker takes it: nothing would ever write that folder again).
+    start = scene.spawn("start", actors.runner(world, actors.RunnerPlan(batches=1)))
+    scene.run(start, until="batch_start")
+    assert not late.exists() and not staged.exists()
+    scene.finish()

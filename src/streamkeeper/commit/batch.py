@@ -173,20 +173,28 @@ class BatchWriter:
         )
 
     def _abandon(self, manifest: Manifest) -> None:
-        """A batch that failed before its seal: remove its files and its claim now.
+        """A batch that failed before its seal: remove its files now, and void its claim.
 
-        Best effort; recovery at the next start does the same if this cannot.
+        The claim is voided, not retired: the batch's tasks can outlive this call (a
+        cancelled Spark job's tasks finish the files they were writing), and only the
+        claim leads a later sweep to what they wrote. The next recovery (this runner's
+        next attempt, the next start, a rollback) sweeps its folders again and forgets the
+        claim once this runner is gone. Best effort; recovery does all of it if this
+        cannot.
         """
         from streamkeeper.commit.disposal import sweep_precommit_folder
 
         ctx = self.ctx
         try:
             ctx.fence.check()
+            if not ctx.coordinator.wal.void(manifest, ctx.fence.epoch):
+                return  # changed under us: a newer runner's recovery resolves it
             for name, part in manifest.sinks.items():
                 if part.output == "append":
                     target = ctx.coordinator.targets[name]
                     sweep_precommit_folder(target, ctx.layout, manifest.seq, keep=set())
-            ctx.coordinator.wal.retire(manifest.seq)
+            store = ctx.coordinator.store
+            store.delete(store.list(ctx.layout.staging_prefix(manifest.seq)))
         except Exception:  # noqa: BLE001 - the batch's own error is the one to report
             log.warning(
                 "could not clean up failed batch %d (seq %d); recovery will",
