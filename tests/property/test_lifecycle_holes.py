@@ -409,3 +409,28 @@ def test_files_a_failed_batchs_tasks_write_after_it_gave_up_are_swept(scene: Sce
     scene.run(start, until="batch_start")
     assert not late.exists() and not staged.exists()
     scene.finish()
+
+
+def test_a_start_from_a_savepoint_is_the_latest_checkpoint_until_it_commits(
+    scene: Scene,
+) -> None:
+    """Found by the deep profile (seed 11): a rollback restored savepoint S, whose
+    checkpoint retention had long retired, and forgot the checkpoints after it; blue
+    started from S and its machine was lost before its first commit. The monitor's restart
+    from the latest externalized checkpoint then had nothing at S: an older one rewinds,
+    none at all starts the input over. As in Flink, a start from a savepoint makes it the
+    lineage's latest checkpoint before it runs."""
+    blue = _blue(scene, batches=4, savepoint_after=2)  # S at the second batch
+    scene.feed(4)
+    scene.run(blue)  # two more: 2 checkpoints are kept, S's is retired
+    blue.crash()
+    client = actors.client_of(scene.world)
+    savepoint = client.savepoints(JOB)[-1]
+    store, layout = scene.world.layout().root.store(), scene.world.layout()
+    assert savepoint.seq not in read_index(store, layout).ids  # retired by retention
+    rollback = scene.spawn("rollback", actors.rollback(scene.world, savepoint.id, None))
+    scene.run(rollback, until="batch_start")  # blue runs from S, nothing committed yet
+    rollback.crash()
+    shutil.rmtree(scene.world.live_dir)  # its machine is lost
+    assert read_index(store, layout).ids[-1] == savepoint.seq
+    scene.finish()

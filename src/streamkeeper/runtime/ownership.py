@@ -352,6 +352,13 @@ class LineageStart:
         )
         if self.checkpoints is not None:
             self.checkpoints.take_ownership()
+            if plan is not None and plan.manifest.lineage == layout.lineage and not plan.rewinds:
+                # Flink's restore point: until this run's first checkpoint completes, a
+                # restart must resume from the savepoint, and retention may long have
+                # retired the checkpoint it was taken at (a rollback forgets the later
+                # ones). A restart from the latest checkpoint, its machine lost, would
+                # otherwise rewind, or read the input from the start again.
+                self.checkpoints.restore_point(plan.manifest.seq, plan.manifest.id)
 
     def attempt(
         self, health: CheckpointHealth | None

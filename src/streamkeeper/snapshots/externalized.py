@@ -363,12 +363,35 @@ class ExternalizedCheckpoints:
             self._fenced_by(capture)
             return captured[0]
 
+    def restore_point(self, seq: int, savepoint_id: str) -> None:
+        """The directory, just restored from savepoint `savepoint_id` (taken at `seq`),
+        externalized as checkpoint `seq` unless the index holds it already.
+
+        Raises:
+            FencedError: a newer runner owns the checkpoint index.
+        """
+        with self._lock:
+            self.fence.check()
+            held = self.stored_entry(seq)
+            if held is not None and self.checkpoint.belongs_to(held.query_id):
+                return
+            uploaded: list[CheckpointManifest | None] = []
+            self._fenced_by(lambda: uploaded.append(self.uploader.upload(seq, self.fence.check)))
+            if uploaded[0] is None:
+                log.warning(
+                    "savepoint %s restored no completed batch; not externalized", savepoint_id
+                )
+
+    def stored_entry(self, checkpoint_id: int) -> CheckpointManifest | None:
+        """The manifest of indexed checkpoint `checkpoint_id`, or None."""
+        if checkpoint_id not in self.uploader.index.read().ids:
+            return None
+        return read_manifest(self.store, self.layout, checkpoint_id)
+
     def stored(self, checkpoint_id: int, batch_id: int) -> CheckpointManifest | None:
         """The stored checkpoint if the store has it (a self-contained copy's source)."""
         with self._lock:
-            if checkpoint_id not in self.uploader.index.read().ids:
-                return None
-            manifest = read_manifest(self.store, self.layout, checkpoint_id)
+            manifest = self.stored_entry(checkpoint_id)
             return manifest if manifest is not None and manifest.batch_id == batch_id else None
 
     def on_stop(self, cancelled: bool) -> None:
