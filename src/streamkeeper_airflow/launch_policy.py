@@ -20,6 +20,9 @@ records live), are trusted less: what they hand a launch passes these checks fir
                   `..`) under the jobs folder.
     masters       local ones (the driver's own host), the spec's own, and `[streamkeeper]
                   spark_masters`.
+    checkpoint    a live checkpoint folder read from a record (green's, the one a rollback
+    folders       sets aside): only the folder a job's spec resolves to in the DAG's
+                  working directory, which the launch itself would use.
 
 Each refusal is a `LaunchPolicyError` naming the value and the fix.
 """
@@ -30,9 +33,10 @@ import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from streamkeeper_airflow.errors import LaunchPolicyError
-from streamkeeper_airflow.secrets import redact
+from streamkeeper_airflow.secrets import redact, secret_pairs
 
 # Knobs of the job's pace and tolerance: none names a file, an address, a class or code.
 DEFAULT_TRIGGER_OVERRIDES: tuple[str, ...] = (
@@ -81,10 +85,6 @@ NEVER_OVERRIDES: tuple[str, ...] = (
 
 _LOCAL_MASTER = re.compile(r"^local(\[(\*|\d+)(,\s*\d+)?\])?$")
 _URL_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]*@")
-_SECRET_PAIR = re.compile(
-    r"(?i)\b[\w.-]*(?:password|passwd|secret|token|credential|api[_-]?key)[\w.-]*"
-    r"[\"']?\s*[:=]\s*[\"']?[^\s\"';,}]+"
-)
 _CREDENTIAL_FIX = (
     "an override is on the driver's command line (visible to `ps`) and in the launch "
     "record: keep the credential out of it; write it into the job spec (a file the DAG "
@@ -113,7 +113,7 @@ def check_credential_free(name: str, value: str) -> None:
     """
     if _URL_USERINFO.search(value):
         what = "user info (user:password@) in a URL"
-    elif _SECRET_PAIR.search(value):
+    elif secret_pairs(value):
         what = "a password/secret/token pair"
     else:
         return
@@ -186,4 +186,33 @@ def check_master(master: str | None, *, spec_master: str, allowed: Iterable[str]
         f"Spark master {master!r} is not allowed: a driver may run on a local master, the "
         f"spec's own ({spec_master!r}) or one of [streamkeeper] spark_masters "
         f"({', '.join(allowed) or 'none set'}); ask the operator to add it there"
+    )
+
+
+def spec_checkpoint_dir(spec: Any, workdir: str | Path) -> Path:
+    """The live checkpoint folder of a driver started in `workdir` (as `resolve_paths`)."""
+    directory = Path(spec.checkpoint.dir or f".streamkeeper/checkpoints/{spec.lineage_id}")
+    return (directory if directory.is_absolute() else Path(workdir) / directory).resolve()
+
+
+def check_recorded_checkpoint_dir(
+    recorded: str | None, allowed: Iterable[Path], *, what: str
+) -> Path | None:
+    """A checkpoint folder read from a record, refused unless it is one a spec resolves
+    to: a green launched into it, or a rollback, would move or write any folder else.
+
+    Raises:
+        LaunchPolicyError: naming the folder, the ones allowed and the fix.
+    """
+    if not recorded:
+        return None
+    allowed = [Path(a).resolve() for a in allowed]
+    resolved = Path(recorded).resolve()
+    if resolved in allowed:
+        return resolved
+    shown = " or ".join(repr(str(a)) for a in allowed)
+    raise LaunchPolicyError(
+        f"{what} {recorded!r} is not the job's checkpoint folder ({shown}, from its spec in "
+        "the DAG's working directory); the record was changed or the spec's checkpoint.dir "
+        "moved: put checkpoint.dir back, or move the folder there yourself and rerun"
     )

@@ -22,11 +22,23 @@ MASK = "***"
 MIN_SECRET_LENGTH = 5
 # user:password@ in a URL, and key=value / "key": "value" pairs whose key names a secret.
 _URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@:]+:[^/\s@]+@")
+# The key must end with the word: `auth_token`, `fs.s3a.secret.key` name secrets;
+# `tokenizer`, `max_tokens` or `secret_rotation_days` do not.
 _SECRET_PAIR = re.compile(
-    r"(?i)(?P<key>[\w.-]*(?:secret|password|passwd|token|credential)[\w.-]*)"
-    r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\s\"',}]+)"
+    r"(?i)(?P<key>\b[\w.-]*(?:password|passwd|secret|token|credentials?|"
+    r"(?:api|access|secret|private)[._-]?key))"
+    r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>[^\s\"';,}]+)"
 )
 _SAFE_TOKEN_KEYS = ("run_token", "run-token")  # ids, not credentials
+
+
+def secret_pairs(text: str) -> list[str]:
+    """The keys of `text`'s key=value (or "key": "value") pairs that name a secret."""
+    return [
+        m.group("key")
+        for m in _SECRET_PAIR.finditer(text)
+        if not m.group("key").lower().endswith(_SAFE_TOKEN_KEYS)
+    ]
 
 
 def _maskable(secrets: Iterable[str | None]) -> list[str]:

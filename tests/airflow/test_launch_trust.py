@@ -105,6 +105,9 @@ def test_the_spec_or_the_operator_extends_the_list_but_never_to_code_or_the_endp
             "hunter2pass",
         ),
         ("token=hunter2pass", "hunter2pass"),
+        ("opts auth_token: hunter2pass", "hunter2pass"),
+        ("fs.s3a.secret.key=hunter2pass", "hunter2pass"),
+        ("x-api-key=hunter2pass", "hunter2pass"),
     ],
 )
 def test_a_credential_inside_a_value_is_refused_without_quoting_it(value: str, secret: str) -> None:
@@ -119,10 +122,23 @@ def test_a_credential_inside_a_value_is_refused_without_quoting_it(value: str, s
     assert secret not in message
 
 
-def test_a_value_without_a_credential_passes() -> None:
+@pytest.mark.parametrize(
+    "value",
+    [
+        "nats://10.0.0.5:4222",
+        "tokenizer=bert-base",  # names that merely contain a secret's word
+        "max_tokens=512",
+        "secret_rotation_days=30",
+        "run_token=af-123",  # an id
+    ],
+)
+def test_a_value_without_a_credential_passes(value: str) -> None:
     policy = _policy()
     allowed = (*policy.DEFAULT_TRIGGER_OVERRIDES, "source.url")
-    policy.check_overrides({"source.url": "nats://10.0.0.5:4222"}, allowed)
+    policy.check_overrides({"source.url": value}, allowed)
+    from streamkeeper_airflow.secrets import redact
+
+    assert redact(value) == value
 
 
 def test_spec_paths_stay_under_the_jobs_folder(tmp_path: Path) -> None:
@@ -548,9 +564,8 @@ def test_an_expectations_path_outside_the_jobs_folder_is_refused(place: SimpleNa
     assert expectations_file(str(inside), record) == inside.resolve()  # type: ignore[arg-type]
 
 
-def test_a_rollback_with_a_spec_outside_the_jobs_folder_stops_nothing(
-    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _refused_rollback(place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, spec: Path) -> str:
+    """A rollback that must be refused before it stops the job: the refusal's message."""
     from streamkeeper_airflow.operators.upgrade import RollbackOperator
 
     def no_stop(*_args: Any, **_kwargs: Any) -> None:
@@ -563,9 +578,15 @@ def test_a_rollback_with_a_spec_outside_the_jobs_folder_stops_nothing(
         job=JOB,
         conn_id=CONN_ID,
         savepoint_id="sp-20240101T000000-deadbeef",
-        spec_path=str(place.outside),
+        spec_path=str(spec),
     )
-    message = _refused(lambda: operator.execute(_context("rollback", "rollback")))
+    return _refused(lambda: operator.execute(_context("rollback", "rollback")))
+
+
+def test_a_rollback_with_a_spec_outside_the_jobs_folder_stops_nothing(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = _refused_rollback(place, monkeypatch, place.outside)
     assert str(place.outside) in message
 
 
@@ -584,3 +605,83 @@ def test_the_dag_factory_confines_its_operators_to_its_jobs_folder(place: Simple
     expected += ["upgrade.validate", "upgrade.probation", "upgrade.rollback", "rollback.rollback"]
     assert set(expected) <= set(confined), sorted(confined)
     assert set(confined.values()) == {place.jobs.resolve()}
+
+
+# -- checkpoint folders read from records ---------------------------------------------------
+
+
+def test_a_recorded_checkpoint_folder_must_be_the_one_a_spec_resolves_to(tmp_path: Path) -> None:
+    from streamkeeper.spec import load_spec
+    from streamkeeper_airflow.errors import LaunchPolicyError
+    from streamkeeper_airflow.launch_policy import (
+        check_recorded_checkpoint_dir,
+        spec_checkpoint_dir,
+    )
+
+    spec = load_spec(SAMPLE / "job.yaml")
+    live = spec_checkpoint_dir(spec, tmp_path)
+    assert live == (tmp_path / ".streamkeeper" / "checkpoints" / spec.lineage_id).resolve()
+    assert check_recorded_checkpoint_dir(str(live), [live], what="folder") == live
+    sneaky = f"{live}/../../../../etc"
+    assert check_recorded_checkpoint_dir(None, [live], what="folder") is None
+    for planted in ("/etc", str(tmp_path), sneaky, f"{live}.old"):
+        with pytest.raises(LaunchPolicyError) as refused:
+            check_recorded_checkpoint_dir(planted, [live], what="blue's checkpoint folder")
+        assert planted in str(refused.value) and str(live) in str(refused.value)
+
+
+def _job_record(place: SimpleNamespace, checkpoint_dir: str) -> None:
+    record = {"job": JOB, "lineage": JOB, "root": str(place.root), "checkpoint_dir": checkpoint_dir}
+    LocalStore(place.root).write_json(f"jobs/{JOB}/job.json", record)
+
+
+def test_a_rollback_sets_aside_only_the_folder_the_spec_resolves_to(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job record planted under the storage root names a folder of the Airflow host: the
+    rollback must refuse before it stops the job, restores a table or moves that folder."""
+    victim = place.base / "precious"
+    victim.mkdir()
+    (victim / "data.txt").write_text("keep me")
+    _job_record(place, str(victim))
+
+    message = _refused_rollback(place, monkeypatch, place.spec)
+    assert str(victim) in message and "checkpoint.dir" in message
+    assert (victim / "data.txt").read_text() == "keep me"
+    assert [p.name for p in place.base.iterdir() if p.name.startswith("precious")] == ["precious"]
+
+
+def _green_record(place: SimpleNamespace, checkpoint_dir: str, upgrade_id: str) -> str:
+    from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
+
+    record = UpgradeRecord(
+        id=upgrade_id,
+        job=JOB,
+        lineage=JOB,
+        phase="shadow",
+        blue={"spec_path": str(place.spec), "checkpoint_dir": checkpoint_dir, "launch": {}},
+        green={"spec_path": str(place.spec), "shadow_job": f"{JOB}--{upgrade_id}"},
+    )
+    UpgradeRecords(LocalStore(place.root), JOB).create(record)
+    return record.id
+
+
+def test_green_takes_over_only_the_folder_blues_spec_resolves_to(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamkeeper.spec import load_spec
+    from streamkeeper_airflow.launch_policy import spec_checkpoint_dir
+    from streamkeeper_airflow.operators.upgrade import StartGreenOperator
+
+    _no_launch(monkeypatch, StartGreenOperator)
+    planted = _green_record(place, str(place.base / "precious"), "up-planted")
+    operator = StartGreenOperator(task_id="green", job=JOB, conn_id=CONN_ID, upgrade_id=planted)
+    message = _refused(lambda: operator.execute(_context("start_green", "upgrade")))
+    assert str(place.base / "precious") in message
+
+    live = spec_checkpoint_dir(load_spec(place.spec), place.base / "work")
+    sound = _green_record(place, str(live), "up-sound")
+    operator = StartGreenOperator(task_id="green", job=JOB, conn_id=CONN_ID, upgrade_id=sound)
+    with pytest.raises(Launched) as launched:
+        operator.execute(_context("start_green", "upgrade"))
+    assert launched.value.args[0].checkpoint_dir == str(live)

@@ -333,6 +333,44 @@ def test_a_wal_manifest_listing_a_file_outside_its_batch_folder_is_refused(
     assert root.layout.manifest(5) in str(refused.value)
 
 
+@pytest.mark.parametrize("inside", [False, True], ids=["host-folder", "under-the-root"])
+def test_a_claim_of_a_sink_the_spec_lacks_is_swept_only_below_the_root(
+    root: Root, inside: bool
+) -> None:
+    """Disposal finds a sink the current spec lacks (a green's new sink, rolled back) by
+    the table URI its manifest recorded, and deletes that batch's folder in it: a planted
+    manifest naming a host folder must delete nothing there."""
+    from streamkeeper.commit.disposal import Disposed, ManifestDisposal
+    from streamkeeper.lineage.control import ControlPlane
+
+    seq = 5
+    folder = root.layout.precommit_dir(seq)
+    table = root.data / "tables" / "ghost" if inside else root.host
+    victim = table / folder / "e1-a.parquet"
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    victim.write_bytes(b"keep me" if not inside else b"a late task's file")
+    manifest = _wal_manifest(seq, f"{folder}/e1-a.parquet", "", "ghost")
+    manifest["sinks"] = {"ghost": {**manifest["sinks"]["ghost"], "table": str(table)}}
+    manifest["state"] = "writing"
+    root.store.write_json(root.layout.manifest(seq), manifest)
+    wal = WriteAheadLog(root.store, root.layout)
+    claim = wal.read(seq)
+    assert claim is not None
+    disposal = ManifestDisposal(root.store, root.layout, wal, targets={})
+    control = ControlPlane(root.store, root.layout)
+
+    if inside:
+        done = Disposed()
+        assert disposal.sweep_claim(claim, control, 2, done)
+        assert not victim.exists() and done.swept_claims == [seq]
+        return
+    before = root.host_files()
+    with pytest.raises(StreamkeeperError) as refused:
+        disposal.sweep_claim(claim, control, 2, Disposed())
+    assert repr(str(table)) in str(refused.value) and "ghost" in str(refused.value)
+    assert victim.read_bytes() == b"keep me" and root.host_files() == before
+
+
 # -- job records -----------------------------------------------------------------------------
 
 

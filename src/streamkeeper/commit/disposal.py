@@ -25,6 +25,7 @@ from streamkeeper.commit.wal import Manifest, SinkBatch, WriteAheadLog
 from streamkeeper.lineage.control import ControlPlane, process_alive_on_this_host
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import Location, ObjectStore
+from streamkeeper.storage.confine import confined_uri
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,11 @@ class ManifestDisposal:
         Returns:
             False if the claim changed under us (its runner sealed it): not swept.
         """
+        targets = {name: self._target(name, part, claim.seq) for name, part in claim.sinks.items()}
         if claim.state == "writing" and not self.wal.void(claim, epoch):
             return False
         for name, part in claim.sinks.items():
-            target = self._target(name, part)
+            target = targets[name]
             if part.output == "append":
                 done.files_removed += sweep_precommit_folder(target, self.layout, claim.seq, set())
         self.store.delete(self.store.list(self.layout.staging_prefix(claim.seq)))
@@ -118,8 +120,9 @@ class ManifestDisposal:
             True if in-batch (idempotent) commits keep the manifest for the replay.
         """
         kept: dict[str, SinkBatch] = {}
+        targets = {n: self._target(n, part, manifest.seq) for n, part in manifest.sinks.items()}
         for name, part in manifest.sinks.items():
-            target = self._target(name, part)
+            target = targets[name]
             at_or_past = target.exists() and target.committed_seq() >= manifest.seq
             if part.mode == "idempotent" and at_or_past and not obsolete:
                 kept[name] = part
@@ -137,12 +140,20 @@ class ManifestDisposal:
         done.discarded.append(manifest.seq)
         return False
 
-    def _target(self, name: str, part: SinkBatch) -> TableTarget:
+    def _target(self, name: str, part: SinkBatch, manifest_seq: int) -> TableTarget:
         """The sink's table; one the current spec lacks (a green's new sink, rolled
         back) is found by the URI its manifest recorded."""
         if name in self.targets:
             return self.targets[name]
-        location = Location(part.table, self.layout.root.s3)
+        # Read from storage, and this deletes files below it: a sink's table always lies
+        # below the root (`resolve_paths`), so a manifest naming one elsewhere is refused.
+        uri = confined_uri(
+            self.layout.root.uri,
+            part.table,
+            what=f"sink {name!r}'s table",
+            source=f"WAL manifest {manifest_seq}",
+        )
+        location = Location(uri, self.layout.root.s3)
         return TableTarget(
             name, location, self.layout.data_app_id(name), self.layout.fence_app_id()
         )

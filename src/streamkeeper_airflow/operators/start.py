@@ -327,8 +327,9 @@ class StartJobOperator(BaseOperator):
                 )
             return str(self.checkpoint_id)
         if self.start_from == "latest_checkpoint":
-            directory = Path(spec.checkpoint.dir or f".streamkeeper/checkpoints/{spec.lineage_id}")
-            directory = directory if directory.is_absolute() else Path(workdir) / directory
+            from streamkeeper_airflow.launch_policy import spec_checkpoint_dir
+
+            directory = spec_checkpoint_dir(spec, workdir)
             local = directory.is_dir() and any(directory.iterdir())
             return None if local else "latest"  # the local directory is never older
         return None

@@ -281,8 +281,36 @@ class StartGreenOperator(StartJobOperator):
             job=self.job,
             command="upgrade-green",
             extra_args=("--upgrade-id", record.id),
-            checkpoint_dir=request.checkpoint_dir or record.blue.get("checkpoint_dir"),
+            checkpoint_dir=request.checkpoint_dir or self._blues_checkpoint_dir(record, request),
         )
+
+    def _blues_checkpoint_dir(self, record: UpgradeRecord, request: LaunchRequest) -> str | None:
+        """Blue's live folder, which green takes over: read from the record, so held to
+        the folders green's spec or blue's resolve to in the DAG's working directory."""
+        from streamkeeper.errors import StreamkeeperError
+        from streamkeeper.spec import load_spec
+        from streamkeeper_airflow.launch_policy import (
+            check_recorded_checkpoint_dir,
+            confine_path,
+            spec_checkpoint_dir,
+        )
+
+        workdir = request.workdir
+        allowed = [spec_checkpoint_dir(load_spec(request.spec_path, request.overrides), workdir)]
+        try:
+            if record.blue.get("spec_path"):
+                blue_spec = confine_path(
+                    record.blue["spec_path"], self.spec_folders(), what="blue's spec_path"
+                )
+                allowed.append(
+                    spec_checkpoint_dir(load_spec(blue_spec, request.overrides), workdir)
+                )
+            found = check_recorded_checkpoint_dir(
+                record.blue.get("checkpoint_dir"), allowed, what="blue's checkpoint folder"
+            )
+        except StreamkeeperError as error:
+            raise AirflowFailException(f"green of {record.id!r} not launched: {error}") from None
+        return None if found is None else str(found)
 
 
 class ValidateUpgradeOperator(_UpgradeTask):
@@ -700,6 +728,7 @@ class RollbackOperator(StartJobOperator):
         super().__init__(**kwargs)
         self.upgrade_id = upgrade_id
         self.of_upgrade = of_upgrade
+        self._live_dir: Path | None = None  # the job's live folder, once checked
 
     def execute(self, context: Context) -> Any:
         from streamkeeper.upgrade import points
@@ -741,10 +770,22 @@ class RollbackOperator(StartJobOperator):
         return super().execute(context)
 
     def _check_launch(self) -> None:
+        """The launch, and the live folder the rollback will set aside (read from the job
+        record, so held to the one the spec resolves to), before anything changes."""
         from streamkeeper.errors import StreamkeeperError
+        from streamkeeper_airflow.launch_policy import (
+            check_recorded_checkpoint_dir,
+            spec_checkpoint_dir,
+        )
 
+        workdir = str(Path(self.workdir or settings.workdir()).resolve())
         try:
-            self.checked_launch(str(Path(self.workdir or settings.workdir()).resolve()))
+            _, spec, _ = self.checked_launch(workdir)
+            with self.hook._hidden():
+                recorded = self.hook.client.job_record(self.job).checkpoint_dir
+            self._live_dir = check_recorded_checkpoint_dir(
+                recorded, [spec_checkpoint_dir(spec, workdir)], what="the job's checkpoint folder"
+            )
         except StreamkeeperError as error:
             raise AirflowFailException(f"rollback of {self.job!r} refused: {error}") from None
 
@@ -779,7 +820,7 @@ class RollbackOperator(StartJobOperator):
             already = None if record is None else (record.rollback or {}).get("tables")
             restored = already or restore_tables(client, self.job, manifest).to_json()
         label = f"rollback-{_token(context)[-8:]}"
-        aside = set_aside(job_record.checkpoint_dir, label) if job_record.checkpoint_dir else None
+        aside = set_aside(self._live_dir, label) if self._live_dir else None
         self.log.info("tables restored to savepoint %s: %s", manifest.id, restored)
         return {"savepoint": manifest.id, **restored, "checkpoint_set_aside": aside}
 
