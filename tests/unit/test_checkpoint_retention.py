@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamkeeper.errors import FencedError
+from streamkeeper.lineage.control import ControlPlane, Fence
 from streamkeeper.lineage.layout import LineageLayout
-from streamkeeper.snapshots.externalized import CheckpointUploader
+from streamkeeper.snapshots.externalized import CheckpointUploader, ExternalizedCheckpoints
+from streamkeeper.snapshots.index import read_index
 from streamkeeper.snapshots.manifest import (
     CheckpointRestoreError,
     FileTransfer,
@@ -25,6 +27,7 @@ from streamkeeper.snapshots.manifest import (
     scan_checkpoint,
 )
 from streamkeeper.snapshots.restore import restore_checkpoint
+from streamkeeper.spec import ExternalizedSpec
 from streamkeeper.storage import LocalStore, Location
 
 PATHS = ["state/0/0/1.delta", "state/0/0/2.delta", "state/0/1/SSTs/000008-a.sst", "offsets/0"]
@@ -304,3 +307,37 @@ def test_a_pinned_checkpoint_outlives_retention(harness: Harness) -> None:
     assert harness.uploader.retain(1) == [1, 3]
     assert checkpoint_ids(harness.store, harness.layout) == [1, 3]
     assert harness.stored_keys() == harness.referenced()
+
+
+def _hook(harness: Harness) -> ExternalizedCheckpoints:
+    control = ControlPlane(harness.store, harness.layout)
+    fence = Fence(control, control.acquire(takeover=True))
+    spec = ExternalizedSpec(enabled=True, retained=2)
+    return ExternalizedCheckpoints(harness.store, harness.layout, harness.local, spec, fence)
+
+
+def test_a_restored_savepoint_becomes_the_latest_checkpoint(tmp_path: Path) -> None:
+    """A start from a savepoint taken at seq 7, whose checkpoint retention retired: the
+    restored folder is checkpoint 7, so a restart before the first commit resumes there."""
+    harness = Harness(tmp_path)
+    restored = harness.write_tree({"state/0/0/1.delta": 0, "offsets/0": 3})
+    _hook(harness).restore_point(7, "sp-x")
+    assert read_index(harness.store, harness.layout).ids == [7]
+    manifest = read_manifest(harness.store, harness.layout, 7)
+    assert manifest.query_id == "query-1" and manifest.batch_id == harness.batch
+    out = tmp_path / "again"
+    restore_checkpoint(harness.store, harness.layout, out, "latest")
+    assert {f.path: (out / f.path).read_bytes() for f in scan_checkpoint(out)} == restored
+
+
+def test_a_restore_point_never_overwrites_a_kept_checkpoint_of_that_seq(tmp_path: Path) -> None:
+    """Checkpoint 7 is still kept (a native savepoint may pin it): a canonical restore, a
+    new query, at seq 7 leaves it as it is."""
+    harness = Harness(tmp_path)
+    harness.write_tree({"state/0/0/1.delta": 0})
+    harness.uploader.upload(7)
+    before = read_manifest(harness.store, harness.layout, 7)
+    harness.write_tree({"state/0/0/2.delta": 1})
+    (harness.local / "metadata").write_text(json.dumps({"id": "query-2"}))
+    _hook(harness).restore_point(7, "sp-canonical")
+    assert read_manifest(harness.store, harness.layout, 7) == before

@@ -365,7 +365,7 @@ class ExternalizedCheckpoints:
 
     def restore_point(self, seq: int, savepoint_id: str) -> None:
         """The directory, just restored from savepoint `savepoint_id` (taken at `seq`),
-        externalized as checkpoint `seq` unless the index holds it already.
+        externalized as checkpoint `seq` unless the index holds one of that id already.
 
         Raises:
             FencedError: a newer runner owns the checkpoint index.
@@ -373,7 +373,16 @@ class ExternalizedCheckpoints:
         with self._lock:
             self.fence.check()
             held = self.stored_entry(seq)
-            if held is not None and self.checkpoint.belongs_to(held.query_id):
+            if held is not None:
+                if not self.checkpoint.belongs_to(held.query_id):
+                    # A canonical restore (a new query) at a seq whose checkpoint is still
+                    # kept: never overwritten, a native savepoint may pin that checkpoint.
+                    log.info(
+                        "checkpoint %d is of query %s, not of savepoint %s's restore; kept",
+                        seq,
+                        held.query_id,
+                        savepoint_id,
+                    )
                 return
             uploaded: list[CheckpointManifest | None] = []
             self._fenced_by(lambda: uploaded.append(self.uploader.upload(seq, self.fence.check)))
