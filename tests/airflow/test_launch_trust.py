@@ -9,6 +9,7 @@ replaced by a failure: a refusal must come before any launch and any write.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -242,6 +243,18 @@ def test_the_driver_gets_an_allow_listed_environment(monkeypatch: pytest.MonkeyP
         assert dropped not in env, dropped
     assert env["AWS_SECRET_ACCESS_KEY"] == "conn-secret"  # the connection's, not the worker's
     assert env["AWS_ACCESS_KEY_ID"] == "conn-key"
+
+    assert "AWS_SESSION_TOKEN" not in driver_environment(
+        request, {**worker, "AWS_SESSION_TOKEN": "worker-token"}
+    )  # a token of the worker's key, which the connection's replaced
+
+    # A connection naming only a region and endpoint: the worker's session keys (its
+    # instance or assumed role's, exported) are the driver's, token included.
+    session = {"AWS_ACCESS_KEY_ID": "ASIA1", "AWS_SECRET_ACCESS_KEY": "s", "AWS_SESSION_TOKEN": "t"}
+    regional = dataclasses.replace(request, env={"AWS_REGION": "eu-west-1"})
+    env = driver_environment(regional, {**worker, **session})
+    assert {k: env[k] for k in session} == session and env["AWS_REGION"] == "eu-west-1"
+    assert env["AWS_WEB_IDENTITY_TOKEN_FILE"] == worker["AWS_WEB_IDENTITY_TOKEN_FILE"]
 
     monkeypatch.setenv("AIRFLOW__STREAMKEEPER__DRIVER_ENV", "EXTRA_FOR_JOBS, NATS_*")
     env = driver_environment(request, {**worker, "NATS_CREDS": "/secrets/nats.creds"})

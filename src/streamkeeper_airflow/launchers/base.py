@@ -139,6 +139,9 @@ AWS_CHAIN_NAMES = (
     "AWS_REGION",
 )
 AWS_CHAIN_PREFIXES = ("AWS_CONTAINER_", "AWS_EC2_METADATA_")
+# Keys the worker holds (a session's, with its token): the driver's when the connection
+# gives none; a connection's key replaces them all (a token of another key is no use).
+AWS_KEY_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def _passes(name: str, extra: tuple[str, ...]) -> bool:
@@ -154,12 +157,19 @@ def _passes(name: str, extra: tuple[str, ...]) -> bool:
 def driver_environment(request: LaunchRequest, base: dict[str, str]) -> dict[str, str]:
     """The driver's environment: the allow-listed variables of the worker's (`base`),
     plus the storage settings of the connection (`request.env`, which replace any AWS_*
-    of the worker's; without them the worker's AWS_* pass as they are)."""
+    of the worker's; without them the worker's AWS_* pass as they are). The default
+    credential chain's pointers always pass; the worker's keys and session token pass
+    unless the connection gives a key."""
     from streamkeeper_airflow import settings
 
     extra = settings.driver_env()
+    keys_of_the_worker = "AWS_ACCESS_KEY_ID" not in request.env
     if request.env:
-        env = {k: v for k, v in base.items() if _passes(k, extra)}
+        env = {
+            k: v
+            for k, v in base.items()
+            if _passes(k, extra) or (keys_of_the_worker and k in AWS_KEY_NAMES)
+        }
     else:  # no connection settings: the worker's own storage settings are the driver's
         env = {k: v for k, v in base.items() if _passes(k, extra) or k.startswith("AWS_")}
     if env.get("PYTHONPATH"):  # the driver runs in another directory: anchor relative entries
