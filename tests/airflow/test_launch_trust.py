@@ -358,6 +358,22 @@ def test_a_start_with_allowed_overrides_launches(
     assert request.spec_path == str(place.spec.resolve())
 
 
+@pytest.mark.parametrize(("given", "takeover"), [("False", False), ("true", True), (False, False)])
+def test_takeover_as_text_means_what_it_says(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, given: object, takeover: bool
+) -> None:
+    """A DAG without native rendering hands the operator the text "False": bool() of it
+    is True, a takeover that fences the running job."""
+    assert _start(place, monkeypatch, takeover=given).takeover is takeover
+
+
+def test_takeover_neither_true_nor_false_is_refused(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    message = _refused(lambda: _start(place, monkeypatch, takeover="no"))
+    assert "takeover" in message and "'no'" in message
+
+
 def test_a_start_with_jvm_code_overrides_is_refused(
     place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,6 +19,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+from streamkeeper_airflow.operators.params import flag
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -133,26 +134,12 @@ class _CommandOperator(BaseOperator):
         return event
 
 
-def _flag(name: str, value: Any) -> bool:
-    """A boolean option as rendered (native), or as a plain text true/false; else an error.
-
-    `bool("False")` is True: a Param that reached the operator unrendered must not turn
-    into the opposite of what the user chose.
-    """
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
-    raise AirflowFailException(f"{name} must be true or false, got {value!r}")
-
-
 def _savepoint_options(format: str, self_contained: Any) -> dict[str, Any]:
     if format not in FORMATS:
         raise AirflowFailException(
             f"savepoint format {format!r} is not one of {', '.join(FORMATS)}"
         )
-    return {"format": format, "self_contained": _flag("self_contained", self_contained)}
+    return {"format": format, "self_contained": flag("self_contained", self_contained)}
 
 
 class SavepointOperator(_CommandOperator):
@@ -221,6 +208,6 @@ class StopJobOperator(_CommandOperator):
         if self.mode == "cancel":
             return {}
         return {
-            "savepoint": _flag("savepoint", self.savepoint),
+            "savepoint": flag("savepoint", self.savepoint),
             **_savepoint_options(self.format, self.self_contained),
         }

@@ -30,6 +30,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from streamkeeper_airflow import settings
 from streamkeeper_airflow.errors import LaunchPolicyError
 from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+from streamkeeper_airflow.operators.params import flag
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -238,7 +239,7 @@ class StartJobOperator(BaseOperator):
             overrides=overrides,
             from_checkpoint=self._from_checkpoint(spec, workdir),
             from_savepoint=self._from_savepoint(),
-            takeover=bool(self.takeover),
+            takeover=flag("takeover", self.takeover),
             master=self.spark_master
             or (spec.spark.master if self.launcher == "spark_submit" else None),
             env=self.hook.settings.driver_env(),
