@@ -48,6 +48,7 @@ def main() -> int:
         deadline=None,
         derandomize=False,
         database=None,
+        print_blob=True,  # a violation prints @reproduce_failure: replay it in seconds
         phases=phases,
         suppress_health_check=list(HealthCheck),
     )
