@@ -729,6 +729,7 @@ class RollbackOperator(StartJobOperator):
         self.upgrade_id = upgrade_id
         self.of_upgrade = of_upgrade
         self._live_dir: Path | None = None  # the job's live folder, once checked
+        self._spec_live_dir: Path | None = None  # the one its spec resolves to
 
     def execute(self, context: Context) -> Any:
         from streamkeeper.upgrade import points
@@ -756,6 +757,7 @@ class RollbackOperator(StartJobOperator):
         self.start_from = "savepoint"
         if launched is None or launched.token != token:
             self.check_savepoint()  # before the running job is stopped
+            self._check_live_dir()
             restored = self._restore(context, record)
             if record is not None:
                 records.advance(
@@ -773,18 +775,26 @@ class RollbackOperator(StartJobOperator):
         """The launch, and the live folder the rollback will set aside (read from the job
         record, so held to the one the spec resolves to), before anything changes."""
         from streamkeeper.errors import StreamkeeperError
-        from streamkeeper_airflow.launch_policy import (
-            check_recorded_checkpoint_dir,
-            spec_checkpoint_dir,
-        )
+        from streamkeeper_airflow.launch_policy import spec_checkpoint_dir
 
         workdir = str(Path(self.workdir or settings.workdir()).resolve())
         try:
             _, spec, _ = self.checked_launch(workdir)
+        except StreamkeeperError as error:
+            raise AirflowFailException(f"rollback of {self.job!r} refused: {error}") from None
+        self._spec_live_dir = spec_checkpoint_dir(spec, workdir)
+
+    def _check_live_dir(self) -> None:
+        """The live folder the rollback will set aside, read from the job record: only the
+        one the spec resolves to (checked before the job is stopped or a table restored)."""
+        from streamkeeper.errors import StreamkeeperError
+        from streamkeeper_airflow.launch_policy import check_recorded_checkpoint_dir
+
+        try:
             with self.hook._hidden():
                 recorded = self.hook.client.job_record(self.job).checkpoint_dir
             self._live_dir = check_recorded_checkpoint_dir(
-                recorded, [spec_checkpoint_dir(spec, workdir)], what="the job's checkpoint folder"
+                recorded, [self._spec_live_dir], what="the job's checkpoint folder"
             )
         except StreamkeeperError as error:
             raise AirflowFailException(f"rollback of {self.job!r} refused: {error}") from None
