@@ -105,7 +105,7 @@ class ManifestDisposal:
                 done.files_removed += sweep_precommit_folder(target, self.layout, claim.seq, set())
         self.store.delete(self.store.list(self.layout.staging_prefix(claim.seq)))
         done.swept_claims.append(claim.seq)
-        if _claimant_gone(control, claim):
+        if claimant_gone(control, claim):
             self.store.delete([self.layout.manifest(claim.seq)])
         return True
 
@@ -172,7 +172,8 @@ class ManifestDisposal:
         return held
 
 
-def _claimant_gone(control: ControlPlane, claim: Manifest) -> bool:
+def claimant_gone(control: ControlPlane, claim: Manifest) -> bool:
+    """Whether the runner that wrote a manifest is gone (dead here, or long ago elsewhere)."""
     record = control.epoch_record(claim.epoch) or {}
     if record.get("host") == socket.gethostname():
         return not process_alive_on_this_host(record)

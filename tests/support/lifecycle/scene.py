@@ -6,12 +6,14 @@ found (which write one interleaving down).
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from streamkeeper import injection
+from streamkeeper.runtime import savepointing
 from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
 from tests.support.lifecycle import actors
 from tests.support.lifecycle.checks import (
@@ -37,6 +39,7 @@ class Scene:
         injection.clear()
         install_pause_points()
         self._undo_store = install_store_steps()
+        self._undo_ids = _numbered_savepoint_ids()
         self.world = World(self.base, shared_table=shared_table, batch_size=batch_size)
         self.world.inputs[JOB].count = events
         self.world.inputs[OTHER_JOB].count = events
@@ -132,5 +135,19 @@ class Scene:
             actor.crash()
             actor.release()
         self._undo_store()
+        self._undo_ids()
         injection.clear()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _numbered_savepoint_ids() -> Any:
+    """Savepoint ids by creation order, so a printed falsifying example (which names the
+    savepoints it drew) replays exactly (tests/support/lifecycle/replay.py)."""
+    original = savepointing.new_savepoint_id
+    counter = itertools.count(1)
+    savepointing.new_savepoint_id = lambda now=None: f"sp-20000101T000000-{next(counter):08x}"
+
+    def undo() -> None:
+        savepointing.new_savepoint_id = original
+
+    return undo
