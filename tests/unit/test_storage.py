@@ -290,6 +290,20 @@ def test_probe_retries_transient_errors_then_succeeds(monkeypatch: pytest.Monkey
     assert script.requests[-3:] == ["HEAD", "PUT", "POST"]
 
 
+def test_probe_retries_even_when_one_slow_attempt_used_the_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded machine one attempt can outlast the retry window; a transient error
+    answered then must still be retried (a start failed in CI this way)."""
+    script = ScriptedS3(
+        monkeypatch,
+        [_s3_error("SlowDown", 503), _s3_error("InternalError", 500), OK_HEAD, OK_PUT, OK_DELETE],
+    )
+    probe(_s3_location(), retry_seconds=0.0)  # the window is over after the first attempt
+    assert script.outcomes == []
+    assert script.requests == ["HEAD", "HEAD", "HEAD", "PUT", "POST"]
+
+
 @pytest.mark.parametrize(
     ("outcomes", "message"),
     [

@@ -1,9 +1,9 @@
 """The start-up probe: fail fast, with the fix, when storage cannot be used.
 
 A server that is restarting, overloaded or behind a flaky network is retried for a few
-seconds (with `S3Store(fail_fast=True)`'s short timeouts, an unreachable endpoint fails
-within about 7 s); a refusal that no retry can change (credentials, a missing bucket)
-fails at once.
+seconds and at least four times (with `S3Store(fail_fast=True)`'s short timeouts, an
+unreachable endpoint fails within about 10 s); a refusal that no retry can change
+(credentials, a missing bucket) fails at once.
 """
 
 from __future__ import annotations
@@ -12,13 +12,23 @@ import errno
 import uuid
 from typing import Any
 
-from tenacity import Retrying, retry_if_exception, stop_before_delay, wait_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_all,
+    stop_before_delay,
+    wait_exponential,
+)
 
 from streamkeeper.errors import UnusableRootError
 from streamkeeper.storage.location import Location
 from streamkeeper.storage.objects import LocalStore, S3Store
 
 RETRY_SECONDS = 5.0  # no new attempt starts later than this after the first
+# ...unless fewer attempts ran: on a loaded machine one slow attempt can use the 5 s, and
+# a start must not fail on a server that answered once with a transient error.
+MIN_ATTEMPTS = 4
 # Answers a busy or restarting S3 server gives; anything else is final.
 TRANSIENT_CODES = frozenset(
     {
@@ -41,7 +51,8 @@ def probe(location: Location, *, retry_seconds: float = RETRY_SECONDS) -> None:
 
     Writes and deletes one small object below the location. Transient S3 errors
     (connection refused, reset or closed without a response, timeouts, 5xx, SlowDown)
-    are retried for `retry_seconds`; refused credentials and a missing bucket are not.
+    are retried for `retry_seconds` and at least `MIN_ATTEMPTS` times; refused
+    credentials and a missing bucket are not.
 
     Raises:
         UnusableRootError: naming the location, the cause and the fix.
@@ -51,7 +62,7 @@ def probe(location: Location, *, retry_seconds: float = RETRY_SECONDS) -> None:
             store = S3Store(location, fail_fast=True)
             retrying = Retrying(
                 retry=retry_if_exception(is_transient),
-                stop=stop_before_delay(retry_seconds),
+                stop=stop_all(stop_before_delay(retry_seconds), stop_after_attempt(MIN_ATTEMPTS)),
                 wait=wait_exponential(multiplier=0.25, max=2),
                 reraise=True,
             )
