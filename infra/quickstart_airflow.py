@@ -65,8 +65,8 @@ def configure(workdir: Path) -> Path:
 
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
+from infra.components.airflow import AirflowServices, start_airflow  # noqa: E402
 from jobs.keyed_totals.sample_events import write_event_files  # noqa: E402
-from tests.support.services.airflow import AirflowServices, start_airflow  # noqa: E402
 
 
 class Feeder(threading.Thread):

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from infra.components.airflow import AirflowServices, start_airflow
 from streamkeeper.client import StreamkeeperClient
 from tests.support.airflow_runs import (
     drivers_with_token,
@@ -29,7 +30,6 @@ from tests.support.airflow_runs import (
     prepare_scheduled_job,
     stop_job_drivers,
 )
-from tests.support.services.airflow import AirflowServices, start_airflow
 from tests.support.services.postgres import PostgresServer, postgres_bin, start_postgres
 
 pytestmark = [

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from infra.components.airflow import AirflowServices, start_airflow
 from streamkeeper.client import StreamkeeperClient
 from tests.airflow.conftest import CANARY_KEY, CANARY_SECRET
 from tests.support.airflow_runs import (
@@ -29,7 +30,6 @@ from tests.support.airflow_runs import (
     task_states,
     xcoms,
 )
-from tests.support.services.airflow import AirflowServices, start_airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(900)]
 

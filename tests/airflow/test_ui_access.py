@@ -32,10 +32,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infra.components.airflow import AirflowServices, start_airflow
+from infra.components.process import HOST
 from streamkeeper_airflow.ui.actions import lifecycle_dag_ids
 from tests.airflow.conftest import CANARY_SECRET, connection_json
-from tests.support.services.airflow import AirflowServices, start_airflow
-from tests.support.services.process import HOST
 from tests.unit.test_client import write_control_plane
 
 pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(600)]

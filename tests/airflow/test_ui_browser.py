@@ -26,12 +26,12 @@ from typing import Any
 import httpx
 import pytest
 
+from infra.components.airflow import AirflowServices, start_airflow
 from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.client import StreamkeeperClient
 from streamkeeper_airflow.ui.actions import lifecycle_dag_ids
 from tests.support import browser
 from tests.support.airflow_runs import stop_job_drivers
-from tests.support.services.airflow import AirflowServices, start_airflow
 
 pytestmark = [
     pytest.mark.integration,

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from tests.support.services.process import HOST
+from infra.components.process import HOST
 
 PASSWORDS = "simple_auth_manager_passwords.json.generated"
 

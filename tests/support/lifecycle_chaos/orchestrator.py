@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infra.components.airflow import AirflowServices
 from tests.support.lifecycle_chaos.airflow_control import TaskState, task_processes, trigger_owner
-from tests.support.services.airflow import AirflowServices
 
 HANDING_OVER = ("handover_requested", "handing_over", "live")
 

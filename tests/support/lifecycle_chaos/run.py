@@ -3,7 +3,7 @@ components, with one scenario's faults, then drained and checked exactly.
 
 1. A fresh world (world.py): a SQLite metadata DB, the api-server, scheduler
    (LocalExecutor: each task in its own process), dag-processor and triggerer on
-   127.0.0.1 (tests/support/services/airflow.py), the scenario's fault environment in
+   127.0.0.1 (infra/components/airflow.py), the scenario's fault environment in
    theirs; input arriving every 2 s.
 2. `keyed-totals.start` (blue), then `keyed-totals.upgrade` to green with a short
    probation; the orchestrator faults are made when their moment comes, and green is
@@ -132,8 +132,8 @@ class LifecycleRun:
         return self.report
 
     def setup(self) -> None:
+        from infra.components.airflow import start_airflow
         from tests.support.airflow_runs import migrate_metadata_db
-        from tests.support.services.airflow import start_airflow
 
         self.world.prepare(self.scenario)
         os.environ.update(self.world.process_environment())

@@ -17,8 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from tests.support.services.nats import NatsServer, start_nats
-from tests.support.services.process import (
+from infra.components.process import (
     HOST,
     INFRA_DIR_ENV,
     LocalService,
@@ -26,6 +25,7 @@ from tests.support.services.process import (
     free_port,
     infra_dir,
 )
+from tests.support.services.nats import NatsServer, start_nats
 from tests.support.services.seaweedfs import SeaweedFS, start_seaweedfs
 from tests.support.services.spark_standalone import SparkStandalone, start_spark_standalone
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from tests.support.services.process import LocalService, ServiceError
+from infra.components.process import LocalService, ServiceError
 
 
 def find_executable(name: str) -> str:

@@ -6,8 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.services.launch import base_env, find_executable, start_with_port_retries
-from tests.support.services.process import (
+from infra.components.process import (
     HOST,
     LocalService,
     Stoppable,
@@ -15,6 +14,7 @@ from tests.support.services.process import (
     infra_dir,
     tcp_connects,
 )
+from tests.support.services.launch import base_env, find_executable, start_with_port_retries
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.services.process import HOST, LocalService, Stoppable, free_port, tcp_connects
+from infra.components.process import HOST, LocalService, Stoppable, free_port, tcp_connects
 
 
 def postgres_bin() -> Path | None:

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.components.process import HOST, LocalService, Stoppable, infra_dir
 from tests.support.services.launch import base_env, find_executable, start_with_port_retries
-from tests.support.services.process import HOST, LocalService, Stoppable, infra_dir
 
 # SeaweedFS derives its internal ports from the S3 port (see infra/seaweedfs.sh).
 _SEAWEED_HTTP_OFFSETS = (0, 1, 2, 3, 8)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.services.launch import base_env, find_executable
-from tests.support.services.process import (
+from infra.components.process import (
     HOST,
     LocalService,
     ServiceError,
@@ -19,6 +18,7 @@ from tests.support.services.process import (
     infra_dir,
     tcp_connects,
 )
+from tests.support.services.launch import base_env, find_executable
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.services.process import HOST, LocalService, Stoppable, free_port
+from infra.components.process import HOST, LocalService, Stoppable, free_port
 
 
 @dataclass

@@ -35,8 +35,8 @@ def infra_dir() -> Path:
     override = os.environ.get(INFRA_DIR_ENV)
     if override:
         return Path(override)
-    # This file is <repo>/tests/support/services/process.py.
-    return Path(__file__).resolve().parents[3] / "infra"
+    # This file is <repo>/infra/components/process.py.
+    return Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
