@@ -68,8 +68,40 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "alert_sink": _option(
                         "Where alerts go besides the task log: an absolute path or file:// "
-                        "URL (JSON lines) or an http(s):// URL (webhook).",
+                        "URL (JSON lines) or an http(s):// URL (webhook). Sensitive (a "
+                        "webhook URL often carries its token): alert_sink_secret and "
+                        "alert_sink_cmd work too.",
                         "/var/log/streamkeeper/alerts.jsonl",
+                        sensitive=True,
+                    ),
+                    "trigger_overrides": _option(
+                        "Comma-separated override keys (patterns) a DAG run's Params may "
+                        "set beyond the defaults.",
+                        "source.path, sinks.*.mode",
+                    ),
+                    "spark_masters": _option(
+                        "Comma-separated Spark masters a DAG run may pick besides the "
+                        "spec's own and local ones.",
+                        "spark://gateway:7077",
+                    ),
+                    "driver_env": _option(
+                        "Comma-separated worker variables (names or patterns) drivers get "
+                        "besides their own.",
+                        "NATS_CREDS, MYCOMPANY_*",
+                    ),
+                    "spec_folders": _option(
+                        "Comma-separated folders besides jobs_folder that spec and suite "
+                        "paths may point into.",
+                        "/opt/releases",
+                    ),
+                    "ui_conn_id": _option(
+                        "Connection the operations page reads job roots with.",
+                        "streamkeeper_default",
+                    ),
+                    "airflow_api_url": _option(
+                        "Airflow's API as the operations page reaches it (https unless a "
+                        "loopback address); unset: this api-server's own address.",
+                        "https://airflow.internal.example",
                     ),
                 },
             }
@@ -77,11 +109,12 @@ def get_provider_info() -> dict[str, Any]:
     }
 
 
-def _option(description: str, example: str) -> dict[str, Any]:
+def _option(description: str, example: str, *, sensitive: bool = False) -> dict[str, Any]:
     return {
         "description": description,
         "version_added": "0.1.0",
         "type": "string",
         "example": example,
         "default": None,
+        "sensitive": sensitive,
     }

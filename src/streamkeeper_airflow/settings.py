@@ -8,9 +8,12 @@
     spark_masters = spark://gateway:7077            # masters a trigger may pick too
     driver_env = NATS_CREDS, MYCOMPANY_*            # worker variables the driver gets too
     spec_folders = /opt/releases                    # more folders specs may be taken from
+    ui_conn_id = streamkeeper_default               # the operations page's connection
+    airflow_api_url = https://airflow.internal      # Airflow's API as the page reaches it
 
 Each is also an environment variable (AIRFLOW__STREAMKEEPER__WORKDIR, ...), as any
-Airflow option is.
+Airflow option is; all are declared in the provider's config (provider.py), and
+`alert_sink` is sensitive, so `alert_sink_cmd` and `alert_sink_secret` work too.
 """
 
 from __future__ import annotations
