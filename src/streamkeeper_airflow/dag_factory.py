@@ -23,7 +23,8 @@ the jobs folder the spec was found in, masters the spec or the operator allows.
 Parsing stays light: this module imports Airflow's SDK, the operators (whose hooks,
 clients and launchers load only when a task runs) and the spec model (pydantic, yaml);
 never pyspark, boto3 or great_expectations. A spec that does not validate is skipped
-with a warning (the DAG processor shows it) so one bad spec never hides the others.
+(one bad spec never hides the others) and named, with its field, in the import error of
+`dags/job_specs.py` (`check_specs`), which Airflow shows on its DAG list.
 """
 
 from __future__ import annotations
@@ -85,26 +86,51 @@ class JobEntry:
 
 
 def find_jobs(folder: Path) -> list[JobEntry]:
-    """Every valid spec in `folder/*/job.yaml`, by job name; invalid ones are warned about."""
+    """Every valid spec in `folder/*/job.yaml`, by job name; invalid ones are warned about
+    (and are `dags/job_specs.py`'s import error: `check_specs`)."""
+    entries, problems = _read_specs(folder)
+    for problem in problems:
+        warnings.warn(f"streamkeeper: {problem}", stacklevel=2)
+    return entries
+
+
+def check_specs(default_jobs_folder: Path) -> int:
+    """Raise naming every spec no DAG is generated from (the spec, the field, the fix);
+    else the number of jobs. A DAG file calls it, so Airflow shows the problem as that
+    file's import error, while the other DAG files keep every valid job's DAGs."""
+    from streamkeeper_airflow.errors import InvalidJobSpecsError
+
+    folder = settings.jobs_folder(default_jobs_folder)
+    entries, problems = _read_specs(folder)
+    if problems:
+        listed = "\n".join(f"- {problem}" for problem in problems)
+        raise InvalidJobSpecsError(
+            f"{len(problems)} job spec(s) in {folder} have no DAGs (their monitor and alerts "
+            f"do not run until fixed):\n{listed}"
+        )
+    return len(entries)
+
+
+def _read_specs(folder: Path) -> tuple[list[JobEntry], list[str]]:
     from streamkeeper.errors import SpecError
     from streamkeeper.spec import load_spec
 
     entries: dict[str, JobEntry] = {}
+    problems: list[str] = []
     for path in sorted(folder.glob(SPEC_GLOB)):
         try:
             spec = load_spec(path)
         except SpecError as error:
-            warnings.warn(f"streamkeeper: job spec {path} skipped: {error}", stacklevel=2)
+            problems.append(f"job spec {path} skipped: {error}")
             continue
         if spec.name in entries:
-            warnings.warn(
-                f"streamkeeper: job spec {path} skipped: job {spec.name!r} is already defined "
-                f"by {entries[spec.name].spec_path}; job names must be unique",
-                stacklevel=2,
+            problems.append(
+                f"job spec {path} skipped: job {spec.name!r} is already defined by "
+                f"{entries[spec.name].spec_path}; job names must be unique"
             )
             continue
         entries[spec.name] = JobEntry(path.resolve(), spec)
-    return list(entries.values())
+    return list(entries.values()), problems
 
 
 def generate(action: str, default_jobs_folder: Path) -> dict[str, DAG]:

@@ -28,3 +28,8 @@ class SecretSafeError(StreamkeeperAirflowError):
 class LaunchPolicyError(StreamkeeperAirflowError):
     """A trigger's Param or a record read from storage asks for a launch the DAG author and
     the operator did not allow (an override key, a spec path, a master, a credential)."""
+
+
+class InvalidJobSpecsError(StreamkeeperAirflowError):
+    """Job specs in the jobs folder that no DAG is generated from (dags/job_specs.py
+    raises it, so Airflow shows it as that file's import error)."""

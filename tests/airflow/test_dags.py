@@ -90,17 +90,24 @@ def test_every_dag_imports_light_and_fast(tmp_path: Path) -> None:
     assert bag["seconds"] < 20, bag["files"]
 
 
-def test_a_bad_spec_is_skipped_with_a_warning_and_the_others_stay(tmp_path: Path) -> None:
+def test_a_bad_spec_is_an_import_error_naming_it_and_the_others_stay(tmp_path: Path) -> None:
+    """A spec that does not validate has no DAGs (no monitor, no alerts): Airflow shows it
+    as dags/job_specs.py's import error, with the spec and the field; every valid job
+    keeps its DAGs."""
     jobs = tmp_path / "jobs"
-    (jobs / "good").mkdir(parents=True)
-    (jobs / "bad").mkdir()
-    (jobs / "good" / "job.yaml").write_text((REPO / "jobs/keyed_totals/job.yaml").read_text())
+    for name in ("good", "bad", "twin"):
+        (jobs / name).mkdir(parents=True)
+    good = (REPO / "jobs/keyed_totals/job.yaml").read_text()
+    (jobs / "good" / "job.yaml").write_text(good)
+    (jobs / "twin" / "job.yaml").write_text(good)  # the same job name again
     (jobs / "bad" / "job.yaml").write_text("name: Bad Name\nsource: {type: rate}\n")
     bag = _python(DAGBAG, tmp_path, AIRFLOW__STREAMKEEPER__JOBS_FOLDER=str(jobs))
-    assert bag["errors"] == {}
+    assert list(bag["errors"]) == ["dags/job_specs.py"], bag["errors"]
+    error = bag["errors"]["dags/job_specs.py"]
+    assert "InvalidJobSpecsError: 2 job spec(s)" in error
+    assert "bad/job.yaml skipped" in error and "name:" in error
+    assert "twin/job.yaml skipped: job 'keyed-totals' is already defined" in error
     assert "keyed-totals.start" in bag["dags"] and len(bag["dags"]) == len(ACTIONS)
-    warned = " ".join(w for ws in bag["warnings"].values() for w in ws)
-    assert "bad/job.yaml skipped" in warned and "name:" in warned
 
 
 def test_operators_survive_dag_serialization(tmp_path: Path) -> None:

@@ -490,6 +490,13 @@ def find_jobs_warns(ctx: Ctx) -> Refusal:
     return Refusal("warning", "\n".join(str(w.message) for w in caught))
 
 
+def check_specs_of(ctx: Ctx) -> Any:
+    """dags/job_specs.py's check: what Airflow shows as that file's import error."""
+    from streamkeeper_airflow.dag_factory import check_specs
+
+    return check_specs(Path(ctx.names["spec"]).parents[1])
+
+
 # -- the corpus ------------------------------------------------------------------------------
 
 SPEC, NAMES, ESCAPE, CLI_ARGS, SAVEPOINT_IDS = "spec", "job name", "path", "cli", "savepoint id"
@@ -644,6 +651,14 @@ CASES: list[Case] = [
         find_jobs_warns,
         "warning",
         ("skipped", "checkpoint.interval", "'soon'", "expected e.g. '500ms'"),
+        prepare=spec_file(lambda d: d["checkpoint"].update(interval="soon")),
+    ),
+    Case(
+        "spec-in-the-dag-folder-is-an-import-error",
+        SPEC,
+        call(check_specs_of),
+        "InvalidJobSpecsError",
+        ("1 job spec(s)", "skipped", "checkpoint.interval", "'soon'", "expected e.g. '500ms'"),
         prepare=spec_file(lambda d: d["checkpoint"].update(interval="soon")),
     ),
     # -- job names with path separators -------------------------------------------------------
