@@ -3,6 +3,11 @@
 Deferrable by default (the worker slot is free while waiting). With deferrable=False
 the sensor pokes in its worker with the very check the trigger runs; the arguments
 computed at the start (baseline, start time) are computed once per task try.
+
+Reschedule mode is refused: each reschedule runs `execute` again, so a baseline taken
+"when the task starts" would move to the job's head every time and the wait would never
+end (Airflow clears a task's XComs on every reschedule, so nothing carries it over).
+Deferral frees the worker slot as reschedule does.
 """
 
 from __future__ import annotations
@@ -40,6 +45,13 @@ class ControlPlaneSensor(BaseSensorOperator):
         timeout: float = 900.0,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("mode") == "reschedule" and not deferrable:
+            raise ValueError(
+                f"{type(self).__name__} {kwargs.get('task_id')!r}: mode='reschedule' is not "
+                "supported (every reschedule would start counting again from the job's "
+                "current head); use deferrable=True, the default, which frees the worker "
+                "slot too, or mode='poke'"
+            )
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
         self.job = job
         self.conn_id = conn_id
