@@ -110,6 +110,22 @@ def test_a_bad_spec_is_an_import_error_naming_it_and_the_others_stay(tmp_path: P
     assert "keyed-totals.start" in bag["dags"] and len(bag["dags"]) == len(ACTIONS)
 
 
+def test_a_workers_parse_for_a_task_builds_only_that_tasks_dag(tmp_path: Path) -> None:
+    """Airflow 3 workers parse the DAG file again for each task, with its DAG id as the
+    parsing context: one DAG is built, not one per job (benchmarks/dag_parse.py)."""
+    jobs = tmp_path / "jobs"
+    spec = (REPO / "jobs/keyed_totals/job.yaml").read_text()
+    for name in ("keyed-totals", "orders", "payments"):
+        (jobs / name).mkdir(parents=True)
+        (jobs / name / "job.yaml").write_text(spec.replace("keyed-totals", name))
+    env = {"AIRFLOW__STREAMKEEPER__JOBS_FOLDER": str(jobs)}
+    everything = _python(DAGBAG, tmp_path, **env)
+    assert len(everything["dags"]) == 3 * len(ACTIONS)
+    one = _python(DAGBAG, tmp_path, _AIRFLOW_PARSING_CONTEXT_DAG_ID="orders.upgrade", **env)
+    assert list(one["dags"]) == ["orders.upgrade"] and one["errors"] == {}
+    assert one["dags"]["orders.upgrade"] == everything["dags"]["orders.upgrade"]
+
+
 def test_operators_survive_dag_serialization(tmp_path: Path) -> None:
     code = """
 import json
