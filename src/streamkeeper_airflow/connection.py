@@ -1,11 +1,12 @@
 """An Airflow connection as a streamkeeper storage root: where it is and how to reach it.
 
-Connection type `streamkeeper` (fields as the Airflow UI labels them):
+Connection type `streamkeeper` (its form in Airflow's UI: connection_form.py):
 
     host      the S3 endpoint URL, e.g. http://127.0.0.1:8333 (empty: AWS itself)
     login     the access key id
     password  the secret access key
     extra     {"root": "s3://bucket/prefix", "region": "us-east-1", "allow_http": true}
+              (the form's fields Storage root, Region, Allow plain HTTP)
 
 `root` may also be a local absolute path (the embedded default needs no credentials).
 An `aws` connection (the Amazon provider's) is read too: login/password, or

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamkeeper_airflow import __version__
+from streamkeeper_airflow.connection_form import provider_connection_form
 
 _MODULES = {
     "hooks": ["streamkeeper_airflow.hooks.streamkeeper"],
@@ -48,6 +49,8 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "connection-type": "streamkeeper",
                 "hook-class-name": "streamkeeper_airflow.hooks.streamkeeper.StreamkeeperHook",
+                "hook-name": "Streamkeeper",
+                **provider_connection_form(),
             }
         ],
         "notifications": [

@@ -140,7 +140,8 @@ def test_the_hook_reads_a_control_plane_and_logs_no_credential(
     assert hook.job_record(JOB).lineage == JOB  # type: ignore[union-attr]
     assert [c.checkpoint_id for c in hook.history(JOB, last=2)] == [3, 4]
     ok, message = hook.test_connection()
-    assert ok and JOB in message
+    assert ok, message
+    assert message == f"root {local_root}; write and delete below it: ok; 1 job(s): {JOB}"
     for text in (caplog.text, repr(hook), repr(hook.settings), repr(hook.client.location)):
         assert CANARY_SECRET not in text and CANARY_KEY not in text
 
@@ -181,3 +182,14 @@ def test_redact_masks_given_secrets_url_passwords_and_secret_pairs() -> None:
     assert "run_token=af-123" in masked  # an id, not a credential
     with pytest.raises(SecretSafeError), secrets_hidden([CANARY_SECRET]):
         raise ValueError(f"bad {CANARY_SECRET}")
+
+
+def test_the_test_button_says_what_it_checked_and_where_it_failed(conn_env: object) -> None:
+    """An endpoint nobody listens on: the button names the root and the endpoint it
+    tried, and the failure, never the secret."""
+    conn_env("sk_down", "s3://lake/prod", host="http://127.0.0.1:9")  # type: ignore[operator]
+    ok, message = StreamkeeperHook("sk_down").test_connection()
+    assert not ok
+    assert message.startswith("root s3://lake/prod at http://127.0.0.1:9; failed: ")
+    assert "cannot reach object storage" in message
+    assert CANARY_SECRET not in message and CANARY_KEY not in message

@@ -159,24 +159,29 @@ class StreamkeeperHook(BaseHook):
     # -- Airflow UI ----------------------------------------------------------------------
 
     def test_connection(self) -> tuple[bool, str]:
-        """What the UI's Test button runs: list the jobs below the root."""
+        """What the UI's Test button runs, and says it checked: the connection parses, a
+        small object is written and deleted below the root (what a driver's start-up
+        probe does), and the jobs below it are listed."""
+        from streamkeeper.storage.probe import probe
+
+        checked: list[str] = []
         try:
-            jobs = self.jobs()
+            with self._hidden():
+                where = self.settings.endpoint_url or (
+                    "AWS" if self.root.startswith("s3://") else ""
+                )
+                checked.append(f"root {self.root}" + (f" at {where}" if where else ""))
+                probe(self.client.location)
+                checked.append("write and delete below it: ok")
+                jobs = self.client.jobs()
         except Exception as error:  # noqa: BLE001 - reported to the UI, already redacted
-            return False, f"{type(error).__name__}: {error}"
-        return True, f"{self.root}: {len(jobs)} job(s) {', '.join(jobs)}".rstrip()
+            return False, "; ".join([*checked, f"failed: {type(error).__name__}: {error}"])
+        listed = f"{len(jobs)} job(s)" + (f": {', '.join(jobs)}" if jobs else "")
+        return True, "; ".join([*checked, listed])
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["schema", "port"],
-            "relabeling": {
-                "host": "S3 endpoint URL (empty: AWS)",
-                "login": "Access key id",
-                "password": "Secret access key",
-            },
-            "placeholders": {
-                "host": "http://127.0.0.1:8333",
-                "extra": EXAMPLE_EXTRA,
-            },
-        }
+        """For Airflow before 3.2; later ones read the provider info's declaration."""
+        from streamkeeper_airflow.connection_form import ui_field_behaviour
+
+        return ui_field_behaviour()
