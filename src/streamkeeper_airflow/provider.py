@@ -53,6 +53,10 @@ def get_provider_info() -> dict[str, Any]:
                 **provider_connection_form(),
             }
         ],
+        "extra-links": [
+            "streamkeeper_airflow.links.StreamingJobLink",
+            "streamkeeper_airflow.links.SparkUILink",
+        ],
         "notifications": [
             "streamkeeper_airflow.notifications.alerts.StreamkeeperAlertNotifier",
         ],

@@ -142,6 +142,7 @@ start = DagSerialization.from_dict(json.loads(json.dumps(
     DagSerialization.to_dict(bag.dags["keyed-totals.start"])))).get_task("start")
 out["start_from"] = start.start_from
 out["job"] = start.job
+out["links"] = sorted(start.extra_links)
 print(json.dumps(out))
 """
     out = _python(code, tmp_path)
@@ -149,6 +150,7 @@ print(json.dumps(out))
     assert start["type"] == "StartJobOperator"
     assert {"start_from", "checkpoint_id", "overrides", "takeover"} <= set(start["template_fields"])
     assert out["start_from"] == "{{ params.start_from }}" and out["job"] == "keyed-totals"
+    assert out["links"] == ["Spark UI", "Streaming job"]  # what the API server shows
     monitor = out["keyed-totals.monitor"]
     assert monitor["check"]["type"] == "JobHealthOperator"
     assert monitor["restart"]["type"] == "RestartJobOperator" and monitor["restart"]["teardown"]

@@ -139,6 +139,9 @@ def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     report = client.status(JOB)
     assert report.state == "RUNNING" and report.runner.run_token == token
     assert len(drivers_with_token(token)) == 1
+    # The task page's extra links, computed by the worker when the task ended.
+    assert started["start._link_StreamingJobLink"] == f"/streamkeeper/#job={JOB}"
+    assert started["start._link_SparkUILink"] == (report.runner.spark_ui or "")
     # The wait ran in the triggerer, not in a worker slot.
     assert "CheckpointProgressTrigger" in _trigger_log(f"{JOB}.start", start_run, "start")
 

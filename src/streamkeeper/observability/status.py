@@ -26,6 +26,7 @@ class RunnerInfo:
     epoch: int | None
     heartbeat_at: float | None
     run_token: str | None = None  # who started it (`run --run-token`), e.g. an Airflow task
+    spark_ui: str | None = None  # the driver's Spark UI address, if it serves one
 
     @classmethod
     def from_heartbeat(cls, beat: dict[str, Any]) -> RunnerInfo:
@@ -37,6 +38,7 @@ class RunnerInfo:
             epoch=beat.get("epoch"),
             heartbeat_at=beat.get("time"),
             run_token=beat.get("run_token"),
+            spark_ui=beat.get("spark_ui"),
         )
 
     def to_json(self) -> dict[str, Any]:

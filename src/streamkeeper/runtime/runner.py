@@ -101,6 +101,7 @@ class JobRunner:
         self._stop_savepoint: str | None = None
         self._schemas: dict[str, Any] | None = None  # set by warm_up
         self._probed = False
+        self._spark_ui: str | None = None  # the driver's Spark UI, for the operators' links
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
@@ -110,6 +111,7 @@ class JobRunner:
         self._start = start = LineageStart(self.spec, self.options, self.paths)
         start.check()
         spark, output, schemas = self.warm_up()
+        self._spark_ui = spark.sparkContext.uiWebUrl  # None with spark.ui.enabled=false
         if start.restore is not None and start.restore.manifest.format == "native":
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
 
@@ -222,6 +224,7 @@ class JobRunner:
         facts = health.facts()
         facts.update(interval=self.spec.checkpoint.interval, timeout=self.spec.checkpoint.timeout)
         facts["run_token"] = self.options.run_token
+        facts["spark_ui"] = self._spark_ui
         restore = None if self._start is None else self._start.restore
         if restore is not None:
             facts["restored_from_savepoint"] = restore.manifest.id

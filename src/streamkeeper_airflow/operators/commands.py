@@ -19,6 +19,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+from streamkeeper_airflow.links import JOB_LINKS
 from streamkeeper_airflow.operators.params import flag
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class _CommandOperator(BaseOperator):
 
     kind: ClassVar[str]
     template_fields: Sequence[str] = ("job", "conn_id", "root", "result_timeout")
+    operator_extra_links = JOB_LINKS
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+from streamkeeper_airflow.links import JOB_LINKS
 from streamkeeper_airflow.payloads import status_payload
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class JobHealthOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("job", "conn_id", "root")
     ui_color = "#e6eef9"
+    operator_extra_links = JOB_LINKS
 
     def __init__(
         self, *, job: str, conn_id: str = DEFAULT_CONN_ID, root: str | None = None, **kwargs: Any

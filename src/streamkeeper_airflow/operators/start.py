@@ -30,6 +30,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from streamkeeper_airflow import settings
 from streamkeeper_airflow.errors import LaunchPolicyError
 from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID, StreamkeeperHook
+from streamkeeper_airflow.links import JOB_LINKS
 from streamkeeper_airflow.operators.params import flag
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class StartJobOperator(BaseOperator):
         "start_timeout",
     )
     ui_color = "#d9f2e6"
+    operator_extra_links = JOB_LINKS
 
     def __init__(
         self,
