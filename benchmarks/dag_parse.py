@@ -33,8 +33,8 @@ PARSE_ONE_FILE = """
 import json, sys, time
 started = time.perf_counter()
 from airflow.dag_processing.dagbag import DagBag
+import yaml, streamkeeper.spec, streamkeeper_airflow.dag_factory as factory  # both variants
 if sys.argv[2] == "before":  # the baseline: PyYAML's pure-Python loader, every DAG built
-    import yaml, streamkeeper.spec, streamkeeper_airflow.dag_factory as factory
     streamkeeper.spec.SAFE_LOADER = yaml.SafeLoader
     factory.get_parsing_context = lambda: type("NoContext", (), {"dag_id": None})()
 imported = time.perf_counter()
