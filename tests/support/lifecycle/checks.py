@@ -125,7 +125,11 @@ class IndexWatch:
     def check(self, layout: LineageLayout) -> None:
         store = layout.root.store()
         rollback = store.read_json(layout.rollback)
-        if rollback != self.rollback:  # a rollback forgets the checkpoints after its savepoint
+        # A rollback forgets the checkpoints after its savepoint; until its start from the
+        # savepoint made that the latest checkpoint (and cleared the rewind-pending record)
+        # the index may be empty: a restart then redoes the rollback, never reads it.
+        in_rollback = store.read_json(layout.rewind_pending) is not None
+        if rollback != self.rollback or in_rollback:
             self.rollback, self.seen_any = rollback, False
         index = read_index(store, layout)
         ids = index.ids
