@@ -44,6 +44,7 @@ def configure(workdir: Path) -> Path:
         {
             "AIRFLOW_HOME": str(state / "airflow"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),  # the operations page
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__AUTH_MANAGER": (
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"

@@ -187,7 +187,11 @@ info = manager.providers["streamkeeper"]
 hook = manager.hooks.get("streamkeeper")
 triggers = sorted(t.trigger_class_name for t in manager.trigger if "streamkeeper" in t.package_name)
 plugins, errors = plugins_manager._get_plugins()
+page = [p for p in plugins if p.name == "streamkeeper"]
 print(json.dumps({
+    "plugin_class": type(page[0]).__module__ if page else None,
+    "plugin_views": [v["name"] for v in page[0].external_views] if page else [],
+    "plugin_apps": [a["url_prefix"] for a in page[0].fastapi_apps] if page else [],
     "version": info.version,
     "hook": hook.hook_class_name if hook else None,
     "connection_types": [c["connection-type"] for c in info.data["connection-types"]],
@@ -209,7 +213,10 @@ print(json.dumps({
         "streamkeeper_airflow.triggers.checkpoints",
         "streamkeeper_airflow.triggers.commands",
     ]
+    # The plugins folder's one line loads the provider package's plugin class.
     assert "streamkeeper" in out["plugins"] and out["plugin_errors"] == {}
+    assert out["plugin_class"] == "streamkeeper_airflow.plugin"
+    assert out["plugin_views"] == ["Streaming jobs"] and out["plugin_apps"] == ["/streamkeeper"]
 
 
 @pytest.mark.parametrize("action", ACTIONS)

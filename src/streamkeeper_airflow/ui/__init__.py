@@ -1,12 +1,13 @@
 """The operations page: an Airflow plugin view over every streaming job.
 
-`plugins/streamkeeper_plugin.py` mounts `build_app()` at `/streamkeeper` and adds a nav
-entry showing it. The modules, by purpose: `summaries` (the jobs table), `details` (one
-job's charts, savepoints, upgrades), `actions` (which DAG run each button asks for),
-`access` (which jobs a user may see and act on: their DAGs' permissions), `airflow_api`
-(Airflow's REST API with the user's token, at a configured address), `app` (the routes),
-`static/` (the page: plain HTML, CSS and JavaScript, no build step, nothing fetched from
-outside, nothing inline: the page's Content-Security-Policy allows only its own files).
+`streamkeeper_airflow.plugin` (registered by the provider) mounts `build_app()` at
+`/streamkeeper` and adds a nav entry showing it. The modules, by purpose: `summaries`
+(the jobs table), `details` (one job's charts, savepoints, upgrades), `actions` (which
+DAG run each button asks for), `access` (which jobs a user may see and act on: their
+DAGs' permissions), `airflow_api` (Airflow's REST API with the user's token, at a
+configured address), `app` (the routes), `static/` (the page: plain HTML, CSS and
+JavaScript, no build step, nothing fetched from outside, nothing inline: the page's
+Content-Security-Policy allows only its own files).
 """
 
 from __future__ import annotations
