@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -78,13 +80,25 @@ def test_commit_markers_read_every_table_as_of_one_checkpoint(tmp_path: Path) ->
     assert not list((tmp_path / "data").rglob("wal/manifests/*.json")), "manifests not retired"
 
 
-def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+def test_restart_resumes_from_the_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     files = write_event_files(tmp_path / "events", files=2, events_per_file=200)
     spec = _spec(tmp_path, str(tmp_path / "data"))
     assert _run(spec).batches == 2
     files += write_event_files(tmp_path / "events", files=2, events_per_file=200, first_file=2)
+    caplog.set_level(logging.INFO, logger="streamkeeper.runtime.start_phases")
     assert _run(spec).batches == 2
     assert _totals(_rows(spec, "totals")) == expected_results(files)[0]
+    # The restart says where its time went, once, phase by phase.
+    [line] = [r.getMessage() for r in caplog.records if r.name.endswith("start_phases")]
+    order = ["storage probe ", "lineage checks ", "Spark session and plan ", "restore ",
+             "fence and heartbeat ", "records, tables and checkpoints ", "recovery ",
+             "query start "]  # fmt: skip
+    positions = [line.index(name) for name in order]
+    assert positions == sorted(positions), line
+    seconds = [float(x) for x in re.findall(r" (\d+\.\d\d) s", line)]
+    assert len(seconds) == len(order) + 1 and abs(sum(seconds[:-1]) - seconds[-1]) < 0.05
 
 
 def test_checkpoint_reset_neither_skips_nor_repeats(tmp_path: Path) -> None:

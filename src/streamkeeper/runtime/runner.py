@@ -48,6 +48,7 @@ from streamkeeper.runtime.options import RunOptions
 from streamkeeper.runtime.ownership import LineageStart
 from streamkeeper.runtime.savepointing import QueryAttempt, SavepointRequest, SavepointTaker
 from streamkeeper.runtime.session import build_session
+from streamkeeper.runtime.start_phases import StartPhases
 from streamkeeper.runtime.supervisor import QuerySupervisor
 from streamkeeper.snapshots import savepoint_points
 from streamkeeper.snapshots.savepoint_restore import restore_canonical
@@ -102,30 +103,38 @@ class JobRunner:
         self._schemas: dict[str, Any] | None = None  # set by warm_up
         self._probed = False
         self._spark_ui: str | None = None  # the driver's Spark UI, for the operators' links
+        self._phases = StartPhases()  # where the start's time goes (logged at INFO)
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
         # job once it is safe (before its query starts), rather than killing it mid-step.
         self._install_stop_signal()
+        phases = self._phases
         self._probe()
+        phases.lap("storage probe")
         self._start = start = LineageStart(self.spec, self.options, self.paths)
         start.check()
+        phases.lap("lineage checks")
         spark, output, schemas = self.warm_up()
         self._spark_ui = spark.sparkContext.uiWebUrl  # None with spark.ui.enabled=false
+        phases.lap("Spark session and plan")
         if start.restore is not None and start.restore.manifest.format == "native":
             from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
 
             check_topology(start.restore.manifest, planned_operators(spark, output))
         self._restore_canonical()
+        phases.lap("restore")
         self.fence = fence = start.take()
         health = CheckpointHealth(self.spec.checkpoint.tolerable_failures)
         heartbeat = Heartbeat(
             self.control, fence, lambda: self._facts(health), on_fenced=self._on_fenced
         )
         heartbeat.start()
+        phases.lap("fence and heartbeat")
         try:
             start.own(schemas)
             self._start_commands(spark)
+            phases.lap("records, tables and checkpoints")
             result = self._run_attempts(output, health)
             fence.check()
             if start.checkpoints is not None:
@@ -276,6 +285,8 @@ class JobRunner:
         """A fresh coordinator and batch writer, after recovering the WAL."""
         assert self.fence is not None and self._start is not None
         coordinator, sequence, report = self._start.attempt(health)
+        if not self._phases.logged:
+            self._phases.lap("recovery")
         writer = BatchWriter(
             BatchContext(
                 spec=self.spec,
@@ -301,6 +312,9 @@ class JobRunner:
         if self._stop_requested.is_set():
             return
         self._query = query = self._start_query(output, writer)
+        if not self._phases.logged:
+            self._phases.lap("query start")
+            self._phases.log_once()
         coordinator.start(writer.ctx.checkpoint)
         attempt = QueryAttempt(query, writer, coordinator)
         commands = self._commands
