@@ -64,10 +64,16 @@ def _unpause(dag_id: str, timeout: float = 180) -> None:
     raise AssertionError(f"DAG {dag_id} not parsed within {timeout} s")
 
 
-def _trigger_log(dag_id: str, run_id: str, task_id: str) -> str:
-    """What the triggerer logged for the task's deferrals."""
+def _trigger_log(dag_id: str, run_id: str, task_id: str, expected: str) -> str:
+    """What the triggerer logged for the task's deferrals, once it holds `expected`: the
+    triggerer writes its log file on its own schedule, which can trail the run's end."""
     folder = Path(os.environ["AIRFLOW_HOME"], "logs", f"dag_id={dag_id}", f"run_id={run_id}")
-    return "".join(p.read_text() for p in folder.glob(f"task_id={task_id}/*.trigger.*.log"))
+    deadline = time.monotonic() + 60
+    while True:
+        text = "".join(p.read_text() for p in folder.glob(f"task_id={task_id}/*.trigger.*.log"))
+        if expected in text or time.monotonic() > deadline:
+            return text
+        time.sleep(1)
 
 
 def _trigger(services: AirflowServices, dag_id: str, conf: dict[str, Any]) -> str:
@@ -143,7 +149,8 @@ def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     assert started["start._link_StreamingJobLink"] == f"/streamkeeper/#job={JOB}"
     assert started["start._link_SparkUILink"] == (report.runner.spark_ui or "")
     # The wait ran in the triggerer, not in a worker slot.
-    assert "CheckpointProgressTrigger" in _trigger_log(f"{JOB}.start", start_run, "start")
+    trigger = "CheckpointProgressTrigger"
+    assert trigger in _trigger_log(f"{JOB}.start", start_run, "start", trigger)
 
     savepoint_run = _trigger(
         services, f"{JOB}.savepoint", {"format": "native", "self_contained": False}
