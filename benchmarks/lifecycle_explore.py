@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--shrink", action="store_true", help="shrink a failing example")
     args = parser.parse_args()
     os.environ["STREAMKEEPER_LIFECYCLE_SEED"] = str(args.seed)
+    os.environ["STREAMKEEPER_LIFECYCLE_NUMBERED_IDS"] = "1"  # reports replay exactly
 
     import logging
 

@@ -33,7 +33,7 @@ STATUS_FIELDS = {
     "consecutive_failures", "tolerable_failures", "failed_checkpoints", "last_failure",
     "rewind_pending", "tables", "checked_at",
 }  # fmt: skip
-RUNNER_FIELDS = {"state", "reason", "pid", "host", "epoch", "heartbeat_at", "run_token"}
+RUNNER_FIELDS = {"state", "reason", "pid", "host", "epoch", "heartbeat_at", "run_token", "spark_ui"}
 CHECKPOINT_FIELDS = {
     "checkpoint_id", "batch_id", "trigger_time", "duration_ms", "latest_offset_ms",
     "planning_ms", "write_ms", "wal_commit_ms", "commit_offsets_ms", "input_rows",

@@ -102,7 +102,10 @@ class ManifestDisposal:
         for name, part in claim.sinks.items():
             target = targets[name]
             if part.output == "append":
-                done.files_removed += sweep_precommit_folder(target, self.layout, claim.seq, set())
+                # A stale runner can claim a seq whose manifest another runner committed and
+                # retired: the folder then holds that commit's files, which stay.
+                keep = referenced_now(target, self.layout, claim.seq) if target.exists() else set()
+                done.files_removed += sweep_precommit_folder(target, self.layout, claim.seq, keep)
         self.store.delete(self.store.list(self.layout.staging_prefix(claim.seq)))
         done.swept_claims.append(claim.seq)
         if claimant_gone(control, claim):

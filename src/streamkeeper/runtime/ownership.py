@@ -108,6 +108,16 @@ class LineageStart:
         self.externalize()
         self.clear_rewind_pending()
 
+    def _release_rollback_hold(self, savepoint_id: str) -> None:
+        """The rollback's target is an ordinary savepoint again (retention may take it)."""
+        from streamkeeper.errors import UnknownSavepointError
+        from streamkeeper.snapshots.savepoints import ROLLBACK_HOLDER, SavepointRegistry
+
+        try:
+            SavepointRegistry(self.store, self.paths.layout).release(savepoint_id, ROLLBACK_HOLDER)
+        except UnknownSavepointError:
+            pass  # deleted by hand meanwhile, after the rollback had run
+
     def check_restore_options(self) -> None:
         """Every restore option checked, and the savepoint found and checked: reads only."""
         options = self.options
@@ -214,15 +224,27 @@ class LineageStart:
         directory = self.paths.checkpoint_dir
         if restoring or options.allow_fresh_start or SparkCheckpoint(directory).query_id():
             return
+        from streamkeeper.snapshots.index import read_index
+
         position = self.position()
-        if position is None:
-            return
+        if position is not None:
+            stands = f"has committed up to seq {position}"
+        else:
+            # Nothing committed yet, but Spark completed batches whose checkpoint was
+            # externalized before their commit: the WAL still holds them, and a restore of
+            # that checkpoint commits them. A new query would discard them (its recovery
+            # cannot vouch for another query's batches) and a later restore would then
+            # skip them: their rows lost (found by the deep profile, seed 13).
+            externalized = read_index(self.store, self.paths.layout).ids
+            if not externalized:
+                return
+            stands = f"has externalized checkpoint {externalized[-1]}, not yet committed"
         raise CheckpointRestoreError(
             f"job {self.spec.name!r}: its checkpoint directory {str(directory)!r} holds no "
-            f"checkpoint, but lineage {self.paths.layout.lineage!r} has committed up to seq "
-            f"{position}: a new query would read its input from the start again and write it "
-            f"twice. Resume where it stands: {self._restore_advice()}; or, to start the input "
-            "over on purpose, --allow-fresh-start"
+            f"checkpoint, but lineage {self.paths.layout.lineage!r} {stands}: a new query "
+            f"would read its input from the start again and write it twice. Resume where "
+            f"it stands: {self._restore_advice()}; or, to start the input over on purpose, "
+            "--allow-fresh-start"
         )
 
     def _restore_advice(self) -> str:
@@ -264,6 +286,7 @@ class LineageStart:
             and self.store.delete_if(layout.rewind_pending, version)
         ):
             log.info("rollback to savepoint %s completed by this start", pending["savepoint"])
+            self._release_rollback_hold(str(pending["savepoint"]))
 
     def write_job_record(self) -> None:
         """What any reader (CLI, Airflow) needs to find this job's lineage and tables."""

@@ -119,9 +119,7 @@ class CheckpointUploader:
             uploaded_files=len(sizes),
             uploaded_bytes=sum(sizes),
         )
-        if guard is not None:
-            guard()
-        self.store.write_json(self.layout.checkpoint_manifest(checkpoint_id), manifest.to_json())
+        self._write_manifest(manifest, guard)
         entry = IndexEntry(checkpoint_id, batch_id, self.epoch)
 
         self.index.update(lambda index: index.add(entry))
@@ -137,6 +135,26 @@ class CheckpointUploader:
             (time.monotonic() - started) * 1000,
         )
         return manifest
+
+    def _write_manifest(
+        self, manifest: CheckpointManifest, guard: Callable[[], None] | None
+    ) -> None:
+        """Write the manifest by compare-and-swap, the fencing check right before each try.
+
+        Two runners can upload the same checkpoint id (a fenced one still finishing its
+        batch, and its successor): a plain overwrite let the fenced one replace, after its
+        check, the manifest its successor had indexed with one listing files the
+        successor's sweep had deleted (found by the lifecycle property test). Now a write
+        that lost the race reads again and checks the fence again, and a fenced runner
+        stops there.
+        """
+        key = self.layout.checkpoint_manifest(manifest.checkpoint_id)
+        while True:
+            _, version = self.store.read_versioned(key)
+            if guard is not None:
+                guard()
+            if self.store.write_if(key, manifest.to_json(), version) is not None:
+                return
 
     def _new_key(self, sha: str) -> str:
         """Where this epoch uploads a file (see snapshots/index.py: why the epoch)."""

@@ -92,7 +92,8 @@ def delete_savepoint(
                 f"savepoint {savepoint_id!r} is not deleted: {'; '.join(keep)}; "
                 "unprotect or release it first, or delete another savepoint"
             )
-        registry.update(lambda r: _set_state(r, savepoint_id, "deleting"), epoch)
+        recheck = not (entry.state == "pending" and abandoned)
+        registry.update(lambda r: _mark_deleting(r, savepoint_id, recheck), epoch)
     savepoint_points.reached("savepoint_dispose_after_mark")
     # Confined to the savepoint's own folder, whatever id reached here.
     folder = joined_key(
@@ -121,6 +122,22 @@ def _set_state(registry: Registry, savepoint_id: str, state: str) -> None:
     found = registry.find(savepoint_id)
     if found is not None:
         found.state = state  # type: ignore[assignment]
+
+
+def _mark_deleting(registry: Registry, savepoint_id: str, recheck: bool) -> None:
+    """`deleting`, unless a protection or hold landed since the check (a rollback holds its
+    target by compare-and-swap on this registry: one of the two writes sees the other).
+    An abandoned pending entry is not rechecked: it never became a savepoint."""
+    found = registry.find(savepoint_id)
+    if found is None:
+        return
+    if recheck and (found.protected or found.holds):
+        keep = reasons_to_keep(found, {})
+        raise SavepointError(
+            f"savepoint {savepoint_id!r} is not deleted: {'; '.join(keep)}; "
+            "unprotect or release it first, or delete another savepoint"
+        )
+    found.state = "deleting"
 
 
 def _forget(registry: Registry, savepoint_id: str) -> None:

@@ -30,6 +30,8 @@ from streamkeeper.storage.confine import checked_name
 REGISTRY_VERSION = 1
 EntryState = Literal["pending", "complete", "deleting"]
 SAVEPOINT_ID_PATTERN = r"sp-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}"
+# A rollback holds its target from before its first write until the start from it ran.
+ROLLBACK_HOLDER = "rollback"
 _SAVEPOINT_ID = re.compile(SAVEPOINT_ID_PATTERN)
 
 

@@ -47,12 +47,13 @@ from streamkeeper.commit.tables import (
     take_back_files,
 )
 from streamkeeper.commit.wal import WriteAheadLog
-from streamkeeper.errors import FencedError
+from streamkeeper.errors import FencedError, UnknownSavepointError
 from streamkeeper.lineage.control import ControlPlane, Lease
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.snapshots.retention import forget_checkpoints_after
 from streamkeeper.snapshots.savepoint_manifest import SavepointManifest
-from streamkeeper.storage import Location
+from streamkeeper.snapshots.savepoints import ROLLBACK_HOLDER, SavepointEntry, SavepointRegistry
+from streamkeeper.storage import Location, ObjectStore
 from streamkeeper.upgrade import points
 from streamkeeper.upgrade.record import UpgradeError
 
@@ -92,6 +93,7 @@ def restore_tables(
     targets = _targets(client, layout, manifest)
     shared = _shared_tables(job, manifest, targets)
     injection.load_from_environment()  # an Airflow task's process: the chaos tests' faults
+    _hold_target(client.store, layout, manifest.id)
     control = ControlPlane(client.store, layout)
     lease = control.acquire(takeover=True)
     record = {"savepoint": manifest.id, "seq": manifest.seq, "at": time.time()}
@@ -268,3 +270,26 @@ def _write_marker(
             return seq  # ours, its answer lost
         seq += 1
         marker["seq"] = seq
+
+
+def _hold_target(store: ObjectStore, layout: LineageLayout, savepoint_id: str) -> None:
+    """Keep the savepoint from retention and `delete` until the start from it has run:
+    a rollback left halfway is redone from it, so it must outlive the rollback. By
+    compare-and-swap on the registry, against a deletion's `deleting` mark: one of the two
+    sees the other (found by the deep profile, seed 14: a runner's retention deleted the
+    target between the rollback's check and its restores, and nothing could finish it)."""
+
+    def hold(entry: SavepointEntry) -> None:
+        if entry.state != "complete":
+            raise UpgradeError(
+                f"savepoint {savepoint_id!r} is {entry.state}: it cannot be rolled back to "
+                "now; pick another savepoint"
+            )
+        entry.holds[ROLLBACK_HOLDER] = "the target of a rollback, until the start from it ran"
+
+    try:
+        SavepointRegistry(store, layout).edit(savepoint_id, hold)
+    except UnknownSavepointError as error:
+        if store.exists(layout.savepoint_manifest(savepoint_id)):
+            return  # a savepoint the registry never listed: nothing deletes it either
+        raise UpgradeError(f"{error}; nothing was rolled back: pick another savepoint") from None
