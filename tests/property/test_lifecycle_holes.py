@@ -434,3 +434,24 @@ def test_a_start_from_a_savepoint_is_the_latest_checkpoint_until_it_commits(
     shutil.rmtree(scene.world.live_dir)  # its machine is lost
     assert read_index(store, layout).ids[-1] == savepoint.seq
     scene.finish()
+
+
+def test_a_sealed_batch_its_fenced_runner_still_completes_is_not_discarded(
+    scene: Scene,
+) -> None:
+    """Found by the deep profile (seed 11, second run): blue sealed batch N's manifest and
+    was fenced by a takeover before Spark wrote `commits/N`. The takeover's recovery saw
+    batch N incomplete and discarded the manifest; blue's Spark then wrote `commits/N`
+    (Spark does, once the batch function returns, outside any fence), so no later start
+    ever ran batch N again: its rows were lost. A manifest whose batch a live runner can
+    still complete stays pending."""
+    blue = scene.spawn("blue", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(blue, until="batch_after_manifest")  # batch 0 sealed, not yet in commits/
+    takeover = scene.spawn("takeover", actors.runner(scene.world, actors.RunnerPlan(batches=2)))
+    scene.run(takeover, until="batch_start")  # took the lineage and recovered
+    takeover.crash()
+    scene.run(blue)  # Spark completes batch 0; the table commit is fenced
+    assert isinstance(blue.error, FencedError), blue.error
+    assert (scene.world.live_dir / "commits" / "0").exists()
+    scene.check()
+    scene.finish()

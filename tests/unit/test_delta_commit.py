@@ -198,3 +198,22 @@ def test_recovery_keeps_only_the_files_a_table_references_in_a_seq_folder(
     assert [uri.rsplit("/", 1)[-1] for uri in removed] == ["e1-a.parquet"]
     assert sweep_precommit_folder(target, layout, 7, referenced_now(target, layout, 7)) == []
     assert contents(target) == {"b": 2}
+
+
+def test_a_claims_sweep_keeps_the_files_a_committed_version_holds(target: TableTarget) -> None:
+    """A stale runner can claim seq 7 after another runner committed and retired it: the
+    sweep of its claim (by recovery, or by the runner abandoning its batch) deletes what
+    the claim wrote and keeps the commit's files."""
+    from streamkeeper.commit.disposal import sweep_unheld
+    from streamkeeper.lineage.layout import LineageLayout
+
+    layout = LineageLayout(target.location, "lin", "job")
+    committed = append_part(
+        target, f"{layout.precommit_dir(7)}/e2-b.parquet", {"key": ["b"], "total": [2]}
+    )
+    TableCommitter(target, epoch=2).commit(committed, seq=7)
+    append_part(target, f"{layout.precommit_dir(7)}/e1-stale.parquet", {"key": ["x"], "total": [9]})
+    removed = sweep_unheld(target, layout, 7)
+    assert [uri.rsplit("/", 1)[-1] for uri in removed] == ["e1-stale.parquet"]
+    assert sweep_unheld(target, layout, 7) == []
+    assert contents(target) == {"b": 2}

@@ -182,7 +182,7 @@ class BatchWriter:
         claim once this runner is gone. Best effort; recovery does all of it if this
         cannot.
         """
-        from streamkeeper.commit.disposal import sweep_precommit_folder
+        from streamkeeper.commit.disposal import sweep_unheld
 
         ctx = self.ctx
         try:
@@ -192,7 +192,7 @@ class BatchWriter:
             for name, part in manifest.sinks.items():
                 if part.output == "append":
                     target = ctx.coordinator.targets[name]
-                    sweep_precommit_folder(target, ctx.layout, manifest.seq, keep=set())
+                    sweep_unheld(target, ctx.layout, manifest.seq)
             store = ctx.coordinator.store
             store.delete(store.list(ctx.layout.staging_prefix(manifest.seq)))
         except Exception:  # noqa: BLE001 - the batch's own error is the one to report

@@ -63,6 +63,16 @@ def referenced_now(target: TableTarget, layout: LineageLayout, seq: int) -> set[
     return {path.rsplit("/", 1)[-1] for path in paths if path.startswith(prefix)}
 
 
+def sweep_unheld(target: TableTarget, layout: LineageLayout, seq: int) -> list[str]:
+    """Delete an unsealed claim's files in a table, except those its latest version holds.
+
+    A stale runner can claim a seq whose manifest another runner committed and retired:
+    the folder then holds that commit's files, which stay.
+    """
+    keep = referenced_now(target, layout, seq) if target.exists() else set()
+    return sweep_precommit_folder(target, layout, seq, keep)
+
+
 def committed_in_history(target: TableTarget, seq: int) -> bool:
     """Whether a version still in the table's log was committed as this lineage's `seq`.
 
@@ -102,10 +112,7 @@ class ManifestDisposal:
         for name, part in claim.sinks.items():
             target = targets[name]
             if part.output == "append":
-                # A stale runner can claim a seq whose manifest another runner committed and
-                # retired: the folder then holds that commit's files, which stay.
-                keep = referenced_now(target, self.layout, claim.seq) if target.exists() else set()
-                done.files_removed += sweep_precommit_folder(target, self.layout, claim.seq, keep)
+                done.files_removed += sweep_unheld(target, self.layout, claim.seq)
         self.store.delete(self.store.list(self.layout.staging_prefix(claim.seq)))
         done.swept_claims.append(claim.seq)
         if claimant_gone(control, claim):

@@ -16,6 +16,13 @@ target tables were fenced with its epoch. It walks the pending manifests in seq 
   epoch wrote another manifest for that batch. Otherwise it is discarded; parts an
   in-batch (idempotent) sink already committed are kept, so the replayed batch reuses
   the seq and the table skips it.
+- Unless its batch may still complete: a complete manifest whose batch Spark has not
+  completed, whose `offsets/N` still matches, whose runner may still be alive (a fenced
+  runner keeps running until it notices) is left pending. Spark writes `commits/N`
+  after the batch function returns, outside any fence: discarding the manifest while
+  its runner can still write `commits/N` loses the batch (Spark then never runs it
+  again). Left pending, it is committed by the next start if its batch completes, or
+  becomes obsolete once this runner replays the batch under a higher seq.
 
 Files are found through manifests only, and a file some table version holds is never
 deleted (commit/disposal.py).
@@ -28,7 +35,7 @@ from dataclasses import dataclass, field
 
 from streamkeeper.commit import crashpoints
 from streamkeeper.commit.coordinator import CommitCoordinator
-from streamkeeper.commit.disposal import Disposed, ManifestDisposal
+from streamkeeper.commit.disposal import Disposed, ManifestDisposal, claimant_gone
 from streamkeeper.commit.sequence import CommitSequence
 from streamkeeper.commit.wal import Manifest
 from streamkeeper.lineage.control import ControlPlane
@@ -42,6 +49,7 @@ class RecoveryReport(Disposed):
     """What recovery did, for logs and tests: what it committed, and what it disposed of."""
 
     committed: list[int] = field(default_factory=list)
+    left_pending: list[int] = field(default_factory=list)  # their batch may still complete
 
     def add(self, done: Disposed) -> None:
         self.discarded += done.discarded
@@ -81,6 +89,19 @@ def _vouched(
         return False
     planned = owner.offsets_sha256(manifest.batch_id)  # None: purged with its commit entry
     return planned is None or manifest.offsets_sha256 in (None, planned)
+
+
+def _may_still_complete(
+    manifest: Manifest, checkpoint: SparkCheckpoint, control: ControlPlane
+) -> bool:
+    """Whether a live runner can still complete this manifest's batch in Spark's log."""
+    owner = _checkpoint_of(manifest, checkpoint)
+    if owner is None or owner.is_complete(manifest.batch_id):
+        return False  # gone with its machine, or completed: decided either way
+    planned = owner.offsets_sha256(manifest.batch_id)
+    if planned is not None and manifest.offsets_sha256 not in (None, planned):
+        return False  # batch N was planned again with other offsets: never this one's
+    return not claimant_gone(control, manifest)
 
 
 def _newest_per_batch(manifests: list[Manifest]) -> set[int]:
@@ -145,6 +166,13 @@ def recover(
             crashpoints.reached("recovery_after_commit")
             continue
         obsolete = manifest.seq <= coordinator.stats.last_seq or manifest.epoch < rolled_back
+        if (
+            not obsolete
+            and manifest.seq in candidates
+            and _may_still_complete(manifest, checkpoint, control)
+        ):
+            report.left_pending.append(manifest.seq)
+            continue
         if disposal.discard(manifest, obsolete=obsolete, done=done):
             sequence.reserve_existing(manifest.query_id, manifest.batch_id, manifest.seq)
         report.add(done)
