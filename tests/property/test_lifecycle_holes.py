@@ -21,7 +21,7 @@ from streamkeeper.upgrade.steps import promote_upgrade
 from tests.support.lifecycle import actors
 from tests.support.lifecycle.scene import Scene
 from tests.support.lifecycle.scheduler import Actor
-from tests.support.lifecycle.world import JOB, OTHER_JOB
+from tests.support.lifecycle.world import JOB, OTHER_JOB, ConcurrentQueryError
 
 
 @pytest.fixture
@@ -453,5 +453,34 @@ def test_a_sealed_batch_its_fenced_runner_still_completes_is_not_discarded(
     scene.run(blue)  # Spark completes batch 0; the table commit is fenced
     assert isinstance(blue.error, FencedError), blue.error
     assert (scene.world.live_dir / "commits" / "0").exists()
+    scene.check()
+    scene.finish()
+
+
+def test_a_zombies_seal_of_a_batch_its_successor_committed_is_not_committed_again(
+    scene: Scene,
+) -> None:
+    """Found by CI's property profile once its uuids were seeded: blue planned batch 0 and
+    was fenced by a takeover running from the same checkpoint folder, which sealed batch
+    0 as seq 0. Blue then sealed its own batch 0 under the next seq (seq 0 was taken),
+    the takeover committed seq 0 and retired its manifest, and blue's commit was fenced.
+    The next start's recovery found blue's manifest above the head, vouched by Spark's
+    log (the takeover had completed batch 0) and the newest left for that batch: it
+    committed batch 0 a second time (id 0 twice). A batch the head already holds, of
+    the same query, committed by the manifest's epoch or a newer one, is obsolete."""
+    blue = scene.spawn("blue", actors.runner(scene.world, actors.RunnerPlan(batches=1)))
+    scene.run(blue, until="batch_start")  # batch 0 planned: offsets/0
+    scene.run(blue, until="store.write_if")  # its fence check passed; claiming a seq
+    takeover = scene.spawn("takeover", actors.runner(scene.world, actors.RunnerPlan(batches=1)))
+    scene.run(takeover, until="batch_after_manifest")  # fenced blue; sealed batch 0 as seq 0
+    scene.run(blue, until="batch_after_manifest")  # blue's own batch 0, sealed as seq 1
+    scene.run(takeover)  # commits seq 0 and retires its manifest
+    assert takeover.error is None, takeover.error
+    scene.run(blue)  # Spark refuses its commits/0 (the takeover wrote it)
+    assert isinstance(blue.error, ConcurrentQueryError), blue.error
+    assert [r["id"] for r in scene.world.rows("ledger")] == [0, 1]
+    later = scene.spawn("later", actors.runner(scene.world, actors.RunnerPlan(batches=1)))
+    scene.run(later)  # its recovery meets blue's manifest
+    assert later.error is None, later.error
     scene.check()
     scene.finish()

@@ -46,6 +46,8 @@ class CommitStats:
 
     last_seq: int = -1
     last_batch: int = -1
+    last_query: str | None = None  # the Spark query whose batch the head committed
+    last_epoch: int = -1  # the epoch that committed the head
     last_commit_at: float | None = None
     committed: int = 0
     peak_pending: int = 0  # the most manifests that ever waited at once (<= max_pending)
@@ -60,6 +62,8 @@ class CommitStats:
         return cls(
             last_seq=int(head["seq"]),
             last_batch=int(head["batch_id"]),
+            last_query=head.get("query_id"),
+            last_epoch=int(head.get("epoch", -1)),
             last_commit_at=head.get("committed_at"),
         )
 
@@ -169,6 +173,8 @@ class CommitCoordinator:
             self.health.completed()
         self.stats.last_seq = manifest.seq
         self.stats.last_batch = manifest.batch_id
+        self.stats.last_query = manifest.query_id
+        self.stats.last_epoch = self.fence.epoch
         self.stats.last_commit_at = committed_at
         self.stats.committed += 1
         if delay_ms is not None:

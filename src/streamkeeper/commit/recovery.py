@@ -34,7 +34,7 @@ import logging
 from dataclasses import dataclass, field
 
 from streamkeeper.commit import crashpoints
-from streamkeeper.commit.coordinator import CommitCoordinator
+from streamkeeper.commit.coordinator import CommitCoordinator, CommitStats
 from streamkeeper.commit.disposal import Disposed, ManifestDisposal, claimant_gone
 from streamkeeper.commit.sequence import CommitSequence
 from streamkeeper.commit.wal import Manifest
@@ -89,6 +89,24 @@ def _vouched(
         return False
     planned = owner.offsets_sha256(manifest.batch_id)  # None: purged with its commit entry
     return planned is None or manifest.offsets_sha256 in (None, planned)
+
+
+def _batch_committed_since(manifest: Manifest, stats: CommitStats) -> bool:
+    """Whether the lineage's head already holds this manifest's batch, committed by the
+    manifest's epoch or a newer one.
+
+    A fenced runner keeps running its batch and may seal it after the runner that fenced
+    it ran and committed the same batch of the same query (both run from one checkpoint
+    folder) and retired its manifest: the zombie's manifest then has the higher seq and
+    Spark's log vouches for its batch, so by seq alone it would be committed a second
+    time. A rewind (a start from an older savepoint or checkpoint) runs under a newer
+    epoch than the head's, so its batches are never taken for done.
+    """
+    return (
+        manifest.query_id == stats.last_query
+        and manifest.batch_id <= stats.last_batch
+        and manifest.epoch <= stats.last_epoch
+    )
 
 
 def _may_still_complete(
@@ -155,9 +173,13 @@ def recover(
                 continue
             manifest = sealed
             candidates = _newest_per_batch([*complete, sealed])
+        obsolete = (
+            manifest.seq <= coordinator.stats.last_seq
+            or manifest.epoch < rolled_back
+            or _batch_committed_since(manifest, coordinator.stats)
+        )
         if (
-            manifest.seq > coordinator.stats.last_seq
-            and manifest.epoch >= rolled_back
+            not obsolete
             and manifest.seq in candidates
             and _vouched(manifest, checkpoint, coordinator)
         ):
@@ -165,7 +187,6 @@ def recover(
             report.committed.append(manifest.seq)
             crashpoints.reached("recovery_after_commit")
             continue
-        obsolete = manifest.seq <= coordinator.stats.last_seq or manifest.epoch < rolled_back
         if (
             not obsolete
             and manifest.seq in candidates
