@@ -149,6 +149,11 @@ class SinkSpec(_Strict):
     # merge: of a batch's rows for one key, the one with the greatest value here wins.
     order_by: str | None = None
 
+    @property
+    def table_path(self) -> str:
+        """The table below the storage root (relative), or its absolute path or URI."""
+        return self.table or f"tables/{self.name}"
+
     @field_validator("table")
     @classmethod
     def _table_inside_the_root(cls, value: str | None) -> str | None:

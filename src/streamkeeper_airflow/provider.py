@@ -26,6 +26,7 @@ _MODULES = {
     "triggers": [
         "streamkeeper_airflow.triggers.checkpoints",
         "streamkeeper_airflow.triggers.commands",
+        "streamkeeper_airflow.triggers.commits",
     ],
 }
 INTEGRATION = "Streamkeeper"

@@ -212,6 +212,7 @@ print(json.dumps({
     assert out["trigger_modules"] == [
         "streamkeeper_airflow.triggers.checkpoints",
         "streamkeeper_airflow.triggers.commands",
+        "streamkeeper_airflow.triggers.commits",
     ]
     # The plugins folder's one line loads the provider package's plugin class.
     assert "streamkeeper" in out["plugins"] and out["plugin_errors"] == {}

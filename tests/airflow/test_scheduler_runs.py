@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.airflow, pytest.mark.timeout(
 
 JOB = "keyed-totals"
 REPO = Path(__file__).resolve().parents[2]
+READER_DAG = Path(__file__).parent / "asset_dags" / "committed_totals_reader.py"
+READER = f"{JOB}.committed-reader"
 
 
 @pytest.fixture
@@ -42,12 +44,17 @@ def airflow(
     tmp_path: Path, conn_env: Any, monkeypatch: pytest.MonkeyPatch, airflow_db: float
 ) -> Iterator[tuple[AirflowServices, Path]]:
     root = prepare_scheduled_job(tmp_path, conn_env, monkeypatch)
-    services = start_airflow(tmp_path / "airflow", {})
+    reader = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / READER_DAG.name
+    reader.symlink_to(READER_DAG)  # it needs the job's spec and connection to parse
     try:
-        yield services, tmp_path
+        services = start_airflow(tmp_path / "airflow", {})
+        try:
+            yield services, tmp_path
+        finally:
+            services.stop()
+            stop_job_drivers(root, JOB)
     finally:
-        services.stop()
-        stop_job_drivers(root, JOB)
+        reader.unlink()
 
 
 def _unpause(dag_id: str, timeout: float = 180) -> None:
@@ -124,6 +131,59 @@ def _finished(dag_id: str, run_id: str, timeout: float = 600) -> str:
     )
 
 
+def _reads_each_stable_commit_as_of_its_version(place: Path) -> None:
+    """The job's tables as Assets: a DAG scheduled on `totals` runs on the job's stable
+    commits (the triggerer's watcher) and reads the table as of the version each names;
+    what it read must be the totals of exactly the files the batch had consumed (one
+    file per batch: maxFilesPerTrigger 1), so a lost or doubled batch fails it."""
+    from jobs.keyed_totals.sample_events import expected_results, write_event_files
+    from streamkeeper.stable import StableView
+
+    _unpause(READER)
+    triggerer_log = place / "airflow" / "airflow-triggerer.log"
+    _wait_for_text(triggerer_log, f"{JOB}: watching commits after seq")
+    write_event_files(place / "events", files=2, events_per_file=200, first_file=3)
+    reads = _reads_until(READER, batch_id=4)
+    files = sorted((place / "events").glob("events-*.json"))
+    for read in reads:
+        totals, _ = expected_results(files[: read["batch_id"] + 1])
+        got = {row["key"]: (row["events"], row["total"]) for row in read["rows"]}
+        assert got == totals, f"batch {read['batch_id']} (seq {read['seq']}) read wrong totals"
+    view = StableView(str(place / "data"), JOB)
+    last = reads[-1]
+    marker = view.store.read_json(view.layout.marker(last["seq"]))
+    assert last["version"] == marker["versions"]["totals"]  # the commit's own version
+
+
+def _wait_for_text(log: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(1)
+    raise AssertionError(f"{log.name} never said {text!r} in {timeout} s")
+
+
+def _reads_until(dag_id: str, batch_id: int, timeout: float = 300) -> list[dict[str, Any]]:
+    """What each successful run of the reader read, once one read `batch_id`."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with create_session() as session:
+            runs = session.query(DagRun).filter_by(dag_id=dag_id).all()
+            finished = sorted((run.run_id, str(run.state)) for run in runs)
+        assert all(state != "failed" for _, state in finished), finished
+        reads = [xcoms(dag_id, run_id)["read"] for run_id, state in finished if state == "success"]
+        reads.sort(key=lambda read: read["seq"])
+        if reads and reads[-1]["batch_id"] >= batch_id:
+            return reads
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no run of {dag_id} read batch {batch_id}: {finished}")
+        time.sleep(2)
+
+
 def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     airflow: tuple[AirflowServices, Path],
 ) -> None:
@@ -151,6 +211,8 @@ def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     # The wait ran in the triggerer, not in a worker slot.
     trigger = "CheckpointProgressTrigger"
     assert trigger in _trigger_log(f"{JOB}.start", start_run, "start", trigger)
+
+    _reads_each_stable_commit_as_of_its_version(place)
 
     savepoint_run = _trigger(
         services, f"{JOB}.savepoint", {"format": "native", "self_contained": False}

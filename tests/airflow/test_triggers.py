@@ -74,7 +74,7 @@ def test_a_trigger_survives_the_triggerers_round_trip(
 def test_trigger_modules_import_without_pyspark_or_boto3() -> None:
     code = (
         "import sys, streamkeeper_airflow.triggers.checkpoints, "
-        "streamkeeper_airflow.triggers.commands;"
+        "streamkeeper_airflow.triggers.commands, streamkeeper_airflow.triggers.commits;"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'pyspark', 'boto3', 'botocore', 'great_expectations', 'deltalake', 'pyarrow'}))"
     )

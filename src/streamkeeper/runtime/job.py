@@ -48,7 +48,7 @@ def resolve_paths(spec: JobSpec) -> JobPaths:
     targets = {
         sink.name: TableTarget(
             sink=sink.name,
-            location=root.child(sink.table or f"tables/{sink.name}"),
+            location=root.child(sink.table_path),
             data_app_id=layout.data_app_id(sink.name),
             fence_app_id=layout.fence_app_id(),
         )
