@@ -151,3 +151,43 @@ def test_an_unknown_job_names_the_jobs_there(conn_env: Any, local_root: Path) ->
     conn_env("sk_commits", str(local_root))
     with pytest.raises(ValueError, match=r"job 'nope' has no valid spec .*keyed-totals"):
         job_table_assets("nope", conn_id="sk_commits", jobs_folder=REPO / "jobs")
+
+
+def test_green_on_probation_fires_nothing_until_it_is_promoted(
+    conn_env: Any, tmp_path: Path
+) -> None:
+    """Asset events follow the stable point: what green commits on probation can still be
+    retracted by a rollback, so no downstream DAG is scheduled on it before promotion."""
+    from tests.support.producer import Producer
+
+    producer = Producer(tmp_path / "data")
+    producer.start()
+    for first in range(0, 6, 2):
+        producer.commit([(f"k{v % 3}", v, "blue") for v in range(first, first + 2)])
+    conn_env("sk_commits", str(tmp_path / "data"))
+    trigger = _Observed(conn_id="sk_commits", job=producer.job, poll_interval=0.05)
+
+    async def probation_then_promotion() -> TriggerEvent:
+        events = trigger.run()
+        first = asyncio.ensure_future(anext(events))
+        assert await asyncio.to_thread(trigger.first_poll.wait, 30)
+        record, _ = producer.hand_over()
+        producer.start()  # green goes live
+        producer.commit([(f"k{v % 3}", v * 10, "green") for v in range(6, 8)])
+        polls = trigger.polls
+        while trigger.polls < polls + 3:
+            await asyncio.sleep(0.02)
+        assert not first.done(), first.result()  # provisional: no event
+        producer.finish(record, "promoted")
+        try:
+            return await asyncio.wait_for(first, timeout=30)
+        finally:
+            await events.aclose()
+
+    event = asyncio.run(asyncio.wait_for(probation_then_promotion(), timeout=90))
+    assert event.payload["seq"] == producer.seq  # green's commit, now stable
+    assert event.payload["reason"] == "head"
+    from deltalake import DeltaTable
+
+    latest = DeltaTable(producer.table).version()
+    assert event.payload["versions"] == {producer.sink: latest}
