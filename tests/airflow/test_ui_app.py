@@ -115,6 +115,12 @@ def test_the_page_and_its_files_are_served(root: Path) -> None:
     assert "<title>Streaming jobs" in http.get("/").text
     assert "refreshJobs" in http.get("/static/page.js").text
     assert http.get("/static/../app.py").status_code == 404
+    library = http.get("/static/vendor/uPlot.iife.min.js")  # the charts, vendored from npm
+    assert library.status_code == 200 and "var uPlot=" in library.text
+    assert "javascript" in library.headers["content-type"]
+    assert http.get("/static/vendor/uPlot.min.css").headers["content-type"].startswith("text/css")
+    for refused in ("uPlot.LICENSE", "..%2Fpage.js", "nope.js"):
+        assert http.get(f"/static/vendor/{refused}").status_code == 404, refused
 
 
 def test_an_action_without_the_pages_header_or_a_token_is_refused(root: Path) -> None:

@@ -4,13 +4,15 @@ Airflow's api-server (with the streamkeeper plugin and SimpleAuthManager users `
 and `viewer`), scheduler, dag-processor and triggerer run on 127.0.0.1; the sample job
 is started by its start DAG (a real Spark driver). Headless Chromium (Debian's, through
 Selenium) logs in on Airflow's login form, opens the page from Airflow's nav route, sees
-the running job with a non-empty chart, triggers a savepoint from the page, confirms it,
-follows the DAG run to success and sees the savepoint in the list. Around it: an
-anonymous request is refused (401), and a viewer, who may read but not trigger DAGs,
-gets a 403 for every action of the page (Airflow's auth manager decides, and the page
-has no credential of its own: it forwards the user's token), and no DAG run or file
-results. The page runs under its Content-Security-Policy throughout. Screenshots go to
-`.streamkeeper/screenshots/` (gitignored) and are named in the output.
+the running job's charts (uPlot: a time axis, a value axis with its unit, each series'
+value at the hovered checkpoint read from the job's own history, drag to zoom and a
+double-click to reset), triggers a savepoint from the page, confirms it, follows the DAG
+run to success and sees the savepoint in the list. Around it: an anonymous request is
+refused (401), and a viewer, who may read but not trigger DAGs, gets a 403 for every
+action of the page (Airflow's auth manager decides, and the page has no credential of
+its own: it forwards the user's token), and no DAG run or file results. The page runs
+under its Content-Security-Policy throughout. Screenshots go to `.streamkeeper/screenshots/`
+(gitignored) and are named in the output.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ import pytest
 
 from infra.components.airflow import AirflowServices, start_airflow
 from jobs.keyed_totals.sample_events import write_event_files
-from streamkeeper.client import StreamkeeperClient
+from streamkeeper.client import Checkpoint, StreamkeeperClient
 from streamkeeper_airflow.ui.actions import lifecycle_dag_ids
 from tests.support import browser
 from tests.support.airflow_runs import stop_job_drivers
@@ -44,6 +47,7 @@ JOB = "keyed-totals"
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / ".streamkeeper" / "screenshots"
 PASSWORDS = {"admin": "admin-pw-1", "viewer": "viewer-pw-1"}
+EVENT_FILES = 3  # the job reads one file a batch (maxFilesPerTrigger: 1): a checkpoint each
 
 
 @pytest.fixture
@@ -54,7 +58,7 @@ def airflow(
         pytest.fail(reason)
     root = tmp_path / "data"
     root.mkdir()
-    write_event_files(tmp_path / "events", files=3, events_per_file=200)
+    write_event_files(tmp_path / "events", files=EVENT_FILES, events_per_file=200)
     conn_env("streamkeeper_default", str(root))
     jobs = tmp_path / "jobs"  # the sample job without its schedules
     shutil.copytree(REPO / "jobs" / "keyed_totals", jobs / "keyed_totals")
@@ -206,6 +210,117 @@ def _savepoint_ids(driver: Any) -> set[str]:
     return {row.get_attribute("data-savepoint-id") for row in rows}
 
 
+# Ink (non-transparent pixels) that uPlot drew on its canvas left of the plot area (the
+# value axis: ticks and unit label), below it (the time axis) and inside it (the lines).
+CANVAS_INK = """
+const chart = arguments[0];
+const canvas = chart.querySelector(".uplot canvas");
+const c = canvas.getBoundingClientRect();
+const o = chart.querySelector(".u-over").getBoundingClientRect();
+const ratio = canvas.width / c.width;
+const context = canvas.getContext("2d");
+const ink = (x, y, w, h) => {
+  const pixels = context.getImageData(x * ratio, y * ratio, w * ratio, h * ratio).data;
+  let count = 0;
+  for (let i = 3; i < pixels.length; i += 4) if (pixels[i]) count += 1;
+  return count;
+};
+return {
+  value_axis: ink(0, 0, o.left - c.left, c.height),
+  time_axis: ink(0, o.bottom - c.top, c.width, c.bottom - o.bottom),
+  plot: ink(o.left - c.left, o.top - c.top, o.width, o.height),
+};
+"""
+CLOCK = re.compile(r"\b\d{2}:\d{2}:\d{2}\b")
+
+
+def _legend(chart: Any) -> dict[str, str]:
+    """The chart's legend: series label -> the value shown for the hovered checkpoint."""
+    from selenium.webdriver.common.by import By
+
+    return {
+        row.find_element(By.CSS_SELECTOR, ".u-label").text.rstrip(":"): row.find_element(
+            By.CSS_SELECTOR, ".u-value"
+        ).text
+        for row in chart.find_elements(By.CSS_SELECTOR, ".u-legend .u-series")
+    }
+
+
+def _hover(driver: Any, chart: Any, fraction: float, shown_before: str = "--") -> dict[str, str]:
+    """Moves the mouse over the plot at `fraction` of its width; returns the legend once
+    its time differs from `shown_before` (uPlot shows `--` while nothing is hovered)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    plot = chart.find_element(By.CSS_SELECTOR, ".u-over")
+    offset = round(plot.size["width"] * (fraction - 0.5))  # from the plot's centre
+    ActionChains(driver).move_to_element_with_offset(plot, offset, 0).perform()
+    return _wait(
+        driver, lambda _: (shown := _legend(chart))["time"] != shown_before and shown, 5, "hover"
+    )
+
+
+def _rate(shown: str) -> float:
+    """`1,234.5 rows/s` -> 1234.5"""
+    number, unit = shown.split(" ", 1)
+    assert unit == "rows/s", shown
+    return float(number.replace(",", ""))
+
+
+def _assert_legend_shows(shown: dict[str, str], history: dict[int, Checkpoint]) -> int:
+    """The hovered checkpoint's time and rates, as the job's history holds them."""
+    match = re.search(r"checkpoint (\d+)$", shown["time"])
+    assert match, shown
+    row = history[int(match.group(1))]
+    local = datetime.fromisoformat(row.trigger_time).astimezone()  # the browser's zone
+    assert local.strftime("%H:%M:%S") in shown["time"], (shown, row.trigger_time)
+    assert _rate(shown["input"]) == pytest.approx(row.input_rows_per_second, abs=0.051)
+    assert _rate(shown["processed"]) == pytest.approx(row.processed_rows_per_second, abs=0.051)
+    return row.checkpoint_id
+
+
+def _x_range(chart: Any) -> tuple[float, float, str]:
+    low, high = chart.get_attribute("data-x-min"), chart.get_attribute("data-x-max")
+    return float(low), float(high), chart.get_attribute("data-x-ticks")
+
+
+def _check_rows_chart(driver: Any, chart: Any, data: Path) -> None:
+    """Axes with times and the unit; hovered values from the job's history; drag zooms."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    ink = driver.execute_script(CANVAS_INK, chart)
+    assert min(ink.values()) > 0, ink  # both axes and the lines are drawn
+    assert chart.get_attribute("data-y-label") == "rows/s"
+    assert "(rows/s)" in chart.find_element(By.TAG_NAME, "h4").text
+    ticks = chart.get_attribute("data-x-ticks").split("|")
+    assert ticks and all(CLOCK.search(tick) for tick in ticks), ticks
+    assert chart.get_attribute("data-y-ticks"), "no value axis ticks"
+
+    left = _hover(driver, chart, 0.01)
+    right = _hover(driver, chart, 0.99, shown_before=left["time"])
+    rows = StreamkeeperClient(str(data)).history(JOB, last=200)  # oldest first
+    history = {row.checkpoint_id: row for row in rows}
+    assert set(left) == {"time", "input", "processed"}, left
+    first, last = _assert_legend_shows(left, history), _assert_legend_shows(right, history)
+    assert (first, last) == (rows[0].checkpoint_id, rows[-1].checkpoint_id)
+    _shot(driver, "03-job-charts-hover")
+
+    low, high, ticks_before = _x_range(chart)
+    plot = chart.find_element(By.CSS_SELECTOR, ".u-over")
+    width = plot.size["width"]
+    drag = ActionChains(driver).move_to_element_with_offset(plot, round(-0.4 * width), 0)
+    drag.click_and_hold().move_by_offset(round(0.5 * width), 0).release().perform()
+    zoomed = _wait(
+        driver, lambda _: _x_range(chart)[:2] != (low, high) and _x_range(chart), 5, "zoom"
+    )
+    assert low < zoomed[0] < zoomed[1] < high, (low, high, zoomed)
+    assert zoomed[2] != ticks_before and CLOCK.search(zoomed[2]), zoomed
+    _shot(driver, "03-job-charts-zoomed")
+    ActionChains(driver).double_click(plot).perform()
+    _wait(driver, lambda _: _x_range(chart) == (low, high, ticks_before), 5, "the zoom reset")
+
+
 def test_anonymous_and_viewer_requests_are_refused_by_airflows_auth(
     airflow: tuple[AirflowServices, Path],
 ) -> None:
@@ -263,15 +378,18 @@ def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
         driver.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}'] a").click()
         chart = _wait(
             driver,
-            lambda d: (c := d.find_element(By.ID, "chart-rows")).get_attribute("data-points")
-            not in (None, "0")
+            lambda d: int(
+                (c := d.find_element(By.ID, "chart-rows")).get_attribute("data-checkpoints") or 0
+            )
+            >= EVENT_FILES
             and c,
             60,
-            "a non-empty input rows/s chart",
+            "a checkpoint per events file in the rows/s chart",
         )
-        assert int(chart.get_attribute("data-points")) >= 1
-        before = _savepoint_ids(driver)
+        assert int(chart.get_attribute("data-points")) >= 2 * EVENT_FILES  # input, processed
         _shot(driver, "03-job-charts")
+        _check_rows_chart(driver, chart, place / "data")
+        before = _savepoint_ids(driver)
 
         driver.find_element(By.CSS_SELECTOR, "button[data-action=savepoint]").click()
         dialog = _wait(driver, lambda d: d.find_element(By.ID, "confirm"), 10, "the dialog")

@@ -1,6 +1,7 @@
 """The operations page's FastAPI app, mounted by the plugin at `/streamkeeper`.
 
-    GET  /                                 the page (HTML; page.js and page.css beside it)
+    GET  /                                 the page (HTML; page.js and page.css beside it,
+                                           the chart library in static/vendor/)
     GET  /api/jobs?q=&offset=&limit=       one page of job summaries (small files only)
     GET  /api/jobs/{job}?window=200        the open job: charts, savepoints, upgrades, specs
     GET  /api/jobs/{job}/runs              its lifecycle DAGs' newest runs (Airflow's API)
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from streamkeeper.client import StreamkeeperClient
 
 STATIC = Path(__file__).parent / "static"
+VENDOR = STATIC / "vendor"  # the chart library, copied from npm by infra/vendor_ui.sh
 PAGE_HEADER = "x-streamkeeper-page"  # set by page.js: a cross-site form cannot set it
 NOTE = "triggered from the streamkeeper operations page"
 # The page loads only its own files and talks only to its own routes. Airflow's UI shows
@@ -206,6 +208,14 @@ def _page_routes(app: FastAPI) -> None:
         if name not in ("page.js", "page.css"):
             raise HTTPException(404, f"no file {name!r}")
         return FileResponse(STATIC / name)
+
+    vendored = {p.name for p in VENDOR.iterdir() if p.suffix in (".js", ".css")}
+
+    @app.get("/static/vendor/{name}", include_in_schema=False)
+    def vendor(name: str) -> FileResponse:
+        if name not in vendored:
+            raise HTTPException(404, f"no file {name!r}")
+        return FileResponse(VENDOR / name)
 
 
 def _job_routes(app: FastAPI, source: JobSource) -> None:

@@ -1,6 +1,7 @@
 // The operations page: the jobs table, one open job's charts and lists, and actions.
 // Plain JavaScript, no build step and nothing loaded from outside: Airflow serves it
-// from its own api-server, often on a closed network.
+// from its own api-server, often on a closed network. The one library, uPlot (charts),
+// is vendored in static/vendor/ (infra/vendor_ui.sh) and loaded before this file.
 "use strict";
 
 const BASE = location.pathname.replace(/\/?$/, "/");
@@ -168,56 +169,176 @@ async function refreshRuns() {
   )));
 }
 
-// -- charts (SVG, no library) ------------------------------------------------------------
+// -- charts (uPlot, vendored in static/vendor/) ------------------------------------------
+// x is the checkpoint's trigger time (local time), y carries its unit on the axis; the
+// legend shows each series' value at the hovered checkpoint, in every chart at once.
+// Dragging on a chart zooms all of them to that time range, a double-click resets it; a
+// refresh keeps a zoom.
+
+const CHART_HEIGHT = 200;
+const NUMBER = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+const COMPACT = new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 1 });
+const CLOCK = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
+const DAY = new Intl.DateTimeFormat(undefined, { month: "short", day: "numeric" });
+// Byte axes step by 1, 2 or 5 KiB, MiB, ... (ticks at 20 KiB, 25 KiB, not 19.5 KiB, 24.4 KiB).
+const BINARY_STEPS = [0, 1, 2, 3, 4].flatMap((power) => [1, 2, 5, 10, 20, 50, 100, 200, 500].map((step) => step * 1024 ** power));
+const UNITS = {
+  ms: { label: "ms", tick: (v) => COMPACT.format(v), value: (v) => `${NUMBER.format(v)} ms` },
+  rate: { label: "rows/s", tick: (v) => COMPACT.format(v), value: (v) => `${NUMBER.format(v)} rows/s` },
+  bytes: { label: "bytes", tick: (v) => bytes(v).replace(".0 ", " "), value: bytes, steps: BINARY_STEPS },
+};
+const charts = new Map(); // chart id -> { box, holder, note, plot, shape, fingerprint, ids, resizing }
+
+function chartSpecs(history) {
+  return [
+    ["duration", "Checkpoint duration and its parts", UNITS.ms, { total: history.duration_ms, ...history.duration_parts_ms }],
+    ["rows", "Input and processing rate", UNITS.rate, { input: history.input_rows_per_second, processed: history.processed_rows_per_second }],
+    ["state", "State size per operator", UNITS.bytes, history.state_bytes_by_operator],
+    ["uploaded", "Bytes uploaded to object storage", UNITS.bytes, { uploaded: history.bytes_uploaded }],
+    ["visibility", "Visibility delay (commit after the batch)", UNITS.ms, { delay: history.visibility_delay_ms }],
+  ].map(([id, title, unit, series]) => ({ id, title, unit, series }));
+}
+
+// The checkpoints with a readable trigger time, oldest first (uPlot needs x ascending).
+function timeline(history) {
+  const order = history.trigger_time
+    .map((stamp, i) => [Date.parse(stamp) / 1000, i])
+    .filter(([seconds]) => Number.isFinite(seconds))
+    .sort((a, b) => a[0] - b[0]);
+  return {
+    times: order.map(([seconds]) => seconds),
+    ids: order.map(([, i]) => history.checkpoint_id[i]),
+    pick: (values) => order.map(([, i]) => values[i] ?? null),
+  };
+}
 
 function renderCharts(history) {
   const box = $("#charts");
-  if (!history) { box.replaceChildren(el("p", { class: "muted" }, "No checkpoints yet.")); return; }
-  const x = history.checkpoint_id;
-  const charts = [
-    ["duration", "Checkpoint duration and its parts (ms)", { total: history.duration_ms, ...history.duration_parts_ms }],
-    ["rows", "Input rows/s", { input: history.input_rows_per_second, processed: history.processed_rows_per_second }],
-    ["state", "State size per operator (bytes)", history.state_bytes_by_operator],
-    ["uploaded", "Bytes uploaded", { uploaded: history.bytes_uploaded }],
-    ["visibility", "Visibility delay (ms)", { delay: history.visibility_delay_ms }],
-  ];
-  box.replaceChildren(...charts.map(([id, title, series]) => lineChart(id, title, x, series)));
+  const specs = history && history.checkpoint_id.length ? chartSpecs(history) : [];
+  for (const [id, chart] of charts) {
+    if (specs.some((spec) => spec.id === id)) continue;
+    chart.resizing.disconnect();
+    chart.plot?.destroy();
+    charts.delete(id);
+  }
+  const nodes = specs.length
+    ? specs.map((spec) => chartBox(spec).box)
+    : [el("p", { class: "muted" }, "No checkpoints yet.")];
+  if (nodes.length !== box.children.length || nodes.some((node, i) => box.children[i] !== node)) {
+    box.replaceChildren(...nodes); // only when the set changed: moving a chart ends a hover
+  }
+  if (!specs.length) return;
+  const line = timeline(history);
+  for (const spec of specs) plotChart(charts.get(spec.id), spec, line);
 }
 
-function lineChart(id, title, xs, series) {
-  const width = 400, height = 150, pad = 4;
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("preserveAspectRatio", "none");
-  const values = Object.values(series).flat().filter((v) => v !== null && v !== undefined);
-  const top = Math.max(1, ...values);
-  const span = Math.max(1, xs.length - 1);
-  const legend = el("div", { class: "legend" });
-  let points = 0;
-  Object.entries(series).forEach(([name, ys], index) => {
-    const color = COLORS[index % COLORS.length];
-    const coords = [];
-    ys.forEach((y, i) => {
-      if (y === null || y === undefined) return;
-      coords.push(`${pad + (i / span) * (width - 2 * pad)},${height - pad - (y / top) * (height - 2 * pad)}`);
+function chartBox(spec) {
+  if (!charts.has(spec.id)) {
+    const holder = el("div", { class: "plot" });
+    const note = el("div", { class: "muted chart-note" });
+    const box = el("div", { class: "chart", id: `chart-${spec.id}` },
+      el("h4", {}, `${spec.title} (${spec.unit.label})`), holder, note);
+    const chart = { box, holder, note, plot: null, shape: null, fingerprint: null, ids: [] };
+    chart.resizing = new ResizeObserver(() => {
+      const width = holder.clientWidth;
+      if (chart.plot && width && width !== chart.plot.width) chart.plot.setSize({ width, height: CHART_HEIGHT });
     });
-    points += coords.length;
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("points", coords.join(" "));
-    line.setAttribute("fill", "none");
-    line.setAttribute("stroke", color);
-    line.setAttribute("stroke-width", "1.5");
-    line.setAttribute("vector-effect", "non-scaling-stroke");
-    svg.append(line);
-    const swatch = el("i");
-    swatch.style.background = color; // CSSOM, not a style attribute: the CSP allows no inline styles
-    legend.append(el("span", {}, swatch, name));
+    chart.resizing.observe(holder);
+    charts.set(spec.id, chart);
+  }
+  return charts.get(spec.id);
+}
+
+function plotChart(chart, spec, line) {
+  const names = Object.keys(spec.series);
+  const data = [line.times, ...names.map((name) => line.pick(spec.series[name]))];
+  const shape = JSON.stringify([view.job, view.window, names]);
+  const fingerprint = JSON.stringify(data);
+  chart.ids = line.ids;
+  describeChart(chart, data);
+  if (chart.plot && chart.shape === shape) {
+    if (chart.fingerprint !== fingerprint) chart.plot.setData(data, !zoomed(chart.plot));
+  } else {
+    chart.plot?.destroy();
+    chart.holder.replaceChildren();
+    chart.plot = new uPlot(plotOptions(chart, spec, names), data, chart.holder);
+  }
+  chart.shape = shape;
+  chart.fingerprint = fingerprint;
+}
+
+function zoomed(plot) {
+  const xs = plot.data[0];
+  return xs.length > 1 && (plot.scales.x.min > xs[0] || plot.scales.x.max < xs[xs.length - 1]);
+}
+
+// The chart's data-* attributes say what it shows, for people and the browser test
+// (uPlot draws on a canvas): data-points, data-checkpoints, and from plotOptions the
+// drawn tick labels (data-x-ticks, data-y-ticks), the value axis' label and the x range.
+function describeChart(chart, data) {
+  const points = data.slice(1).flat().filter((v) => v !== null).length;
+  const ids = chart.ids;
+  chart.box.dataset.points = points;
+  chart.box.dataset.checkpoints = ids.length;
+  chart.note.textContent = points
+    ? `checkpoints ${ids[0]}-${ids[ids.length - 1]}; drag to zoom, double-click to reset`
+    : "no values in this window";
+}
+
+function plotOptions(chart, spec, names) {
+  const record = (key, labels) => { chart.box.dataset[key] = labels.join("|"); return labels; };
+  return {
+    width: chart.holder.clientWidth || 400,
+    height: CHART_HEIGHT,
+    cursor: { sync: { key: "streamkeeper" } }, // hovering or zooming one chart moves them all
+    scales: { x: { time: true } },
+    series: [
+      {
+        label: "time",
+        value: (u, seconds, si, idx) => (idx === null || seconds === null ? null
+          : `${DAY.format(seconds * 1000)} ${CLOCK.format(seconds * 1000)}, checkpoint ${chart.ids[idx]}`),
+      },
+      ...names.map((name, i) => ({
+        label: name.replace(/_ms$/, "").replaceAll("_", " "),
+        stroke: COLORS[i % COLORS.length],
+        width: 1.5,
+        value: (u, v) => (v === null || v === undefined ? null : spec.unit.value(v)),
+      })),
+    ],
+    axes: [
+      {
+        space: 80,
+        values: (u, splits, ai, space, increment) => record("xTicks", timeTicks(splits, increment)),
+      },
+      {
+        label: spec.unit.label,
+        incrs: spec.unit.steps, // undefined: uPlot's decimal steps
+        size: (u, labels) => 20 + 7 * Math.max(3, ...(labels ?? []).map((text) => text.length)),
+        values: (u, splits) => record("yTicks", splits.map((v) => (v === null ? "" : spec.unit.tick(v)))),
+      },
+    ],
+    hooks: {
+      draw: [(u) => { chart.box.dataset.yLabel = u.axes[1].label; }],
+      setScale: [(u, key) => {
+        if (key === "x") Object.assign(chart.box.dataset, { xMin: u.scales.x.min, xMax: u.scales.x.max });
+      }],
+    },
+  };
+}
+
+// Local clock time on each tick; the day under the first tick and wherever it changes.
+function timeTicks(splits, increment) {
+  let lastDay = null;
+  return splits.map((seconds) => {
+    if (seconds === null) return "";
+    const date = new Date(seconds * 1000);
+    let text = CLOCK.format(date);
+    if (increment < 1) text += `.${String(date.getMilliseconds()).padStart(3, "0")}`;
+    const day = DAY.format(date);
+    if (day !== lastDay) text += `\n${day}`;
+    lastDay = day;
+    return text;
   });
-  let range = `checkpoints ${xs[0]}-${xs[xs.length - 1]}, max ${Math.round(top)}`;
-  if (!values.length) range = "no values in this window";
-  return el("div", { class: "chart", id: `chart-${id}`, "data-points": points },
-    el("h4", {}, title), svg, legend, el("div", { class: "muted" }, range));
 }
 
 // -- actions ---------------------------------------------------------------------------
