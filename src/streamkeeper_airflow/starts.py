@@ -333,6 +333,7 @@ def _describe(request: LaunchRequest) -> dict[str, Any]:
         "overrides": dict(request.overrides),
         "checkpoint_dir": request.checkpoint_dir,
         "master": request.master,
+        "spark_conf": dict(request.spark_conf),  # not reused: a restart names its own parent
     }
 
 

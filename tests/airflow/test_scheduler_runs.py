@@ -4,7 +4,9 @@ a user would (`airflow dags trigger`), running a real Spark driver on local stor
 
 start (deferred to the triggerer until the job is RUNNING with a checkpoint) -> savepoint
 (answered within the operator's quick wait) -> stop with a canonical savepoint; the
-canary credential of the connection reaches no component's log.
+canary credential of the connection reaches no component's log. OpenLineage (the
+provider's listener, file transport) sees the start's source and tables, its run and
+the savepoints, and the driver carries the start task's run as its parent.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ JOB = "keyed-totals"
 REPO = Path(__file__).resolve().parents[2]
 READER_DAG = Path(__file__).parent / "asset_dags" / "committed_totals_reader.py"
 READER = f"{JOB}.committed-reader"
+OPENLINEAGE_EVENTS = "openlineage-events.jsonl"
+
+
+def _openlineage_env(place: Path) -> dict[str, str]:
+    """OpenLineage on, into a file (one JSON event a line), with the parent run injected
+    into the driver's Spark properties as the Spark provider's operators do."""
+    transport = {"type": "file", "log_file_path": str(place / OPENLINEAGE_EVENTS), "append": True}
+    return {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(transport),
+        "AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO": "true",
+    }
 
 
 @pytest.fixture
@@ -47,7 +60,7 @@ def airflow(
     reader = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / READER_DAG.name
     reader.symlink_to(READER_DAG)  # it needs the job's spec and connection to parse
     try:
-        services = start_airflow(tmp_path / "airflow", {})
+        services = start_airflow(tmp_path / "airflow", _openlineage_env(tmp_path))
         try:
             yield services, tmp_path
         finally:
@@ -131,6 +144,54 @@ def _finished(dag_id: str, run_id: str, timeout: float = 600) -> str:
     )
 
 
+def _openlineage_event(place: Path, dag_id: str, task_id: str, timeout: float = 60) -> Any:
+    """The COMPLETE event of a task: the listener writes it from a forked process, which
+    can finish after the run is marked done."""
+    events = place / OPENLINEAGE_EVENTS
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = events.read_text().splitlines() if events.exists() else []
+        for line in lines:
+            event = json.loads(line)
+            if event["eventType"] == "COMPLETE" and event["job"]["name"] == f"{dag_id}.{task_id}":
+                return event
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no COMPLETE event of {dag_id}.{task_id} in {len(lines)} events")
+        time.sleep(1)
+
+
+def _start_lineage_is_the_jobs(place: Path, overrides: dict[str, str], report: Any) -> None:
+    """The start's COMPLETE event: the source folder as input and each sink's table as an
+    output (named from the spec and the root, as OpenLineage names local files), the run
+    facet of the run the control plane shows; the driver got the task's run as parent."""
+    from streamkeeper.spec import load_spec
+    from tests.support.airflow_runs import launch_record
+
+    event = _openlineage_event(place, f"{JOB}.start", "start")
+    spec = load_spec(place / "jobs" / "keyed_totals" / "job.yaml", overrides)
+    assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [
+        ("file", str(Path(spec.source.path).resolve()))
+    ]
+    tables = {("file", str((place / "data" / sink.table_path).resolve())) for sink in spec.sinks}
+    assert {(d["namespace"], d["name"]) for d in event["outputs"]} == tables
+    recorded = {Path(table.removeprefix("file://")).resolve() for table in report.tables.values()}
+    assert tables == {("file", str(path)) for path in recorded}  # where the runtime writes
+    run = event["run"]["facets"]["streamkeeper_run"]
+    assert run["runToken"] == report.runner.run_token and run["epoch"] == report.runner.epoch
+    assert (run["job"], run["startFrom"], run["state"]) == (JOB, "resume", "RUNNING")
+    parent = launch_record(place / "data", JOB)["request"]["spark_conf"]
+    assert parent["spark.openlineage.parentRunId"] == event["run"]["runId"]
+    assert parent["spark.openlineage.parentJobName"] == event["job"]["name"]
+    assert parent["spark.openlineage.parentJobNamespace"] == event["job"]["namespace"]
+    [driver] = drivers_with_token(report.runner.run_token)
+    given = f"spark.conf.spark.openlineage.parentRunId={event['run']['runId']}"
+    assert given in driver.cmdline()  # `--set`: the driver's session gets it
+
+
+def _savepoint_facet(place: Path, dag_id: str, task_id: str) -> dict[str, Any]:
+    return _openlineage_event(place, dag_id, task_id)["run"]["facets"]["streamkeeper_savepoint"]
+
+
 def _reads_each_stable_commit_as_of_its_version(place: Path) -> None:
     """The job's tables as Assets: a DAG scheduled on `totals` runs on the job's stable
     commits (the triggerer's watcher) and reads the table as of the version each names;
@@ -211,6 +272,7 @@ def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     # The wait ran in the triggerer, not in a worker slot.
     trigger = "CheckpointProgressTrigger"
     assert trigger in _trigger_log(f"{JOB}.start", start_run, "start", trigger)
+    _start_lineage_is_the_jobs(place, overrides, report)
 
     _reads_each_stable_commit_as_of_its_version(place)
 
@@ -222,6 +284,12 @@ def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     assert saved["status"] == "success" and saved["savepoint_id"]
     entry = {entry.id: entry for entry in client.savepoints(JOB)}[saved["savepoint_id"]]
     assert (entry.format, entry.storage) == ("native", "pinned")  # the Params, as chosen
+    facet = _savepoint_facet(place, f"{JOB}.savepoint", "savepoint")
+    assert (facet["savepointId"], facet["format"], facet["storage"]) == (
+        entry.id,
+        entry.format,
+        entry.storage,
+    )
 
     stop_run = _trigger(
         services, f"{JOB}.stop", {"mode": "stop", "savepoint": True, "format": "canonical"}
@@ -236,7 +304,13 @@ def test_start_savepoint_and_stop_through_the_scheduler_and_the_triggerer(
     assert client.status(JOB).runner.state == "STOPPED"
     formats = sorted(entry.format for entry in client.savepoints(JOB))
     assert formats == ["canonical", "native"]
+    facet = _savepoint_facet(place, f"{JOB}.stop", "stop")
+    assert (facet["savepointId"], facet["format"], facet["command"]) == (
+        stopped["savepoint_id"],
+        "canonical",
+        "stop",
+    )
 
-    for log in (place / "airflow").glob("*.log"):
+    for log in [*(place / "airflow").glob("*.log"), place / OPENLINEAGE_EVENTS]:
         text = log.read_text(errors="replace")
         assert CANARY_SECRET not in text and CANARY_KEY not in text, log

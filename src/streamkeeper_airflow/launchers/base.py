@@ -36,6 +36,9 @@ class LaunchRequest:
     command: str = "run"
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, repr=False)  # AWS_* credentials
+    # Spark properties the Airflow layer adds (OpenLineage's parent run: lineage.py), given
+    # as `--set spark.conf.KEY=VALUE`; never a credential (the command line shows them)
+    spark_conf: dict[str, str] = field(default_factory=dict)
 
     def run_args(self) -> list[str]:
         """Arguments of the command (after `run`), without any credential."""
@@ -44,6 +47,8 @@ class LaunchRequest:
             args += ["--checkpoint-dir", self.checkpoint_dir]
         for key, value in sorted(self.overrides.items()):
             args += ["--set", f"{key}={value}"]
+        for key, value in sorted(self.spark_conf.items()):
+            args += ["--set", f"spark.conf.{key}={value}"]
         if self.from_checkpoint is not None:
             args += ["--from-checkpoint", str(self.from_checkpoint)]
         if self.from_savepoint is not None:

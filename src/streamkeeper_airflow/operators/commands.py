@@ -60,6 +60,7 @@ class _CommandOperator(BaseOperator):
         self.result_timeout = result_timeout
         self.poll_interval = poll_interval
         self.quick_wait = quick_wait
+        self._result: dict[str, Any] | None = None  # the command's answer, for OpenLineage
 
     @cached_property
     def hook(self) -> StreamkeeperHook:
@@ -130,10 +131,19 @@ class _CommandOperator(BaseOperator):
             )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        self._result = event
         if event.get("status") != "success":
             raise AirflowException(event.get("message", f"{self.kind} failed"))
         self.log.info("%s", event.get("message"))
         return event
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The savepoint the command took, as a run facet (lineage.py; None without the
+        openlineage provider)."""
+        from streamkeeper_airflow import lineage
+
+        facets = lineage.savepoint_facet(self.job, self.kind, self._result)
+        return lineage.job_lineage(None, run_facets=facets)
 
 
 def _savepoint_options(format: str, self_contained: Any) -> dict[str, Any]:

@@ -77,6 +77,9 @@ class StartJobOperator(BaseOperator):
             trigger may override and which masters it may pick.
         start_timeout: seconds to wait for the driver to run and checkpoint.
         poll_interval: seconds between control-plane polls while deferred.
+        openlineage_inject_parent_job_info: pass this task's OpenLineage run to the driver
+            as its parent (Spark properties, lineage.py); default `[openlineage]
+            spark_inject_parent_job_info`, as for the Spark provider's operators.
     """
 
     template_fields: Sequence[str] = (
@@ -118,6 +121,7 @@ class StartJobOperator(BaseOperator):
         jobs_folder: str | None = None,
         start_timeout: float | str = 900.0,
         poll_interval: float = 5.0,
+        openlineage_inject_parent_job_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -138,6 +142,8 @@ class StartJobOperator(BaseOperator):
         self.jobs_folder = jobs_folder or default_jobs_folder(spec_path)
         self.start_timeout = start_timeout
         self.poll_interval = poll_interval
+        self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
+        self._started: dict[str, Any] | None = None  # the trigger's event, for OpenLineage
 
     @cached_property
     def hook(self) -> StreamkeeperHook:
@@ -165,6 +171,7 @@ class StartJobOperator(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resumed by the trigger: fail with its message, or return the status payload."""
+        self._started = event
         if event.get("status") != "success":
             raise AirflowException(event.get("message", "the job did not start"))
         self.log.info("%s", event.get("message"))
@@ -245,7 +252,54 @@ class StartJobOperator(BaseOperator):
             master=self.spark_master
             or (spec.spark.master if self.launcher == "spark_submit" else None),
             env=self.hook.settings.driver_env(),
+            spark_conf=self._parent_run_conf(context, spec),
         )
+
+    # -- OpenLineage (lineage.py: None without the openlineage provider) -----------------
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        from streamkeeper_airflow import lineage
+
+        return lineage.job_lineage(self._lineage_spec(), self.hook.root, workdir=self._workdir())
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The job's source and tables, and the run it started (also used on failure)."""
+        from streamkeeper_airflow import lineage
+
+        facets = lineage.run_facet(
+            self.job,
+            self._started,
+            start_from=self.start_from,
+            checkpoint_id=self.checkpoint_id if self.start_from == "checkpoint" else None,
+            savepoint_id=self.savepoint_id if self.start_from == "savepoint" else None,
+        )
+        return lineage.job_lineage(
+            self._lineage_spec(), self.hook.root, workdir=self._workdir(), run_facets=facets
+        )
+
+    def _lineage_spec(self) -> Any:
+        """The spec with the launch's overrides; None if it does not pass (then the failed
+        start says why, and its event names no datasets)."""
+        from streamkeeper.errors import StreamkeeperError
+
+        try:
+            return self.checked_launch(self._workdir())[1]
+        except StreamkeeperError as error:
+            self.log.debug("no OpenLineage datasets: %s", error)
+            return None
+
+    def _workdir(self) -> str:
+        return str(Path(self.workdir or settings.workdir()).resolve())
+
+    def _parent_run_conf(self, context: Context, spec: Any) -> dict[str, str]:
+        from streamkeeper_airflow import lineage
+
+        inject = self.openlineage_inject_parent_job_info
+        if inject is None:
+            inject = lineage.inject_parent_job_info_default()
+        if not flag("openlineage_inject_parent_job_info", inject):
+            return {}
+        return lineage.parent_run_spark_conf(context, dict(spec.spark.conf))
 
     def checked_launch(self, workdir: str) -> tuple[Path, Any, dict[str, str]]:
         """The spec file, the spec with the overrides, and the overrides, once the

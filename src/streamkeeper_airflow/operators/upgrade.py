@@ -131,6 +131,15 @@ class _UpgradeTask(BaseOperator):
         with self.hook._hidden():
             return UpgradeRecords(self.hook.store, self.job).read(str(self.upgrade_id))
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The upgrade as its record stands, as a run facet (lineage.py; None without the
+        openlineage provider). Also used on failure: a rejected or rolled back upgrade."""
+        from streamkeeper_airflow import lineage
+
+        if not lineage.available():
+            return None
+        return lineage.job_lineage(None, run_facets=lineage.upgrade_facet(self.record()))
+
     def fail_probation(
         self,
         record: UpgradeRecord,
