@@ -372,7 +372,12 @@ class AirflowSpec(_Strict):
 
     conn_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] = "streamkeeper_default"
     launcher: Literal["embedded", "spark_submit"] = "embedded"
-    monitor_schedule: str | None = "*/5 * * * *"
+    # events: the monitor runs on each health change (the triggerer watches the job every
+    # monitor_poll_interval) and on monitor_safety_net; schedule: on monitor_schedule.
+    monitor: Literal["events", "schedule"] = "events"
+    monitor_schedule: str | None = "*/5 * * * *"  # `monitor: schedule` only
+    monitor_safety_net: str | None = "@daily"  # `monitor: events`: catches a missed event
+    monitor_poll_interval: Duration = 15.0
     savepoint_schedule: str | None = None
     savepoint_format: Literal["native", "canonical"] = "native"
     restart: RestartSpec = Field(default_factory=RestartSpec)
@@ -381,13 +386,23 @@ class AirflowSpec(_Strict):
     # (streamkeeper_airflow/launch_policy.py; code-loading keys are refused whatever it says).
     trigger_overrides: list[str] = Field(default_factory=list)
 
-    @field_validator("monitor_schedule", "savepoint_schedule")
+    @field_validator("monitor_schedule", "monitor_safety_net", "savepoint_schedule")
     @classmethod
     def _cron(cls, value: str | None) -> str | None:
         if value is not None and not _CRON.match(value.strip()):
             raise ValueError(
                 f"invalid schedule {value!r}; expected a cron expression such as "
                 "'*/5 * * * *' or a preset such as '@hourly' (null: manual runs only)"
+            )
+        return value
+
+    @field_validator("monitor_poll_interval")
+    @classmethod
+    def _positive_poll(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(
+                f"monitor_poll_interval {value!r} is not positive; expected a duration "
+                "such as '15s' (how often the triggerer reads the job's health)"
             )
         return value
 

@@ -20,6 +20,10 @@ whose extra holds the commit's seq, batch and each table's Delta version.
 
 The table URIs come from the job's spec (its sinks' `table`, below the storage root)
 and the connection's storage root, both read when the DAG file is parsed.
+
+`job_health_asset(job)` is the job's health (`{job}.health`), watched by a
+`JobHealthTrigger` (triggers/health.py) that fires on each health change: what the
+monitor DAG (`{job}.monitor`) is scheduled on instead of polling.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ from streamkeeper_airflow.hooks.streamkeeper import DEFAULT_CONN_ID
 from streamkeeper_airflow.triggers.commits import (
     DEFAULT_COMMIT_POLL_SECONDS,
     CommittedOutputTrigger,
+)
+from streamkeeper_airflow.triggers.health import (
+    DEFAULT_FAILED_REPEAT_SECONDS,
+    DEFAULT_HEALTH_POLL_SECONDS,
+    JobHealthTrigger,
 )
 
 ASSET_GROUP = "streamkeeper"
@@ -73,6 +82,41 @@ def job_table_assets(
         )
         for sink in spec.sinks
     }
+
+
+def job_health_asset(
+    job: str,
+    *,
+    conn_id: str = DEFAULT_CONN_ID,
+    root: str | None = None,
+    poll_interval: float = DEFAULT_HEALTH_POLL_SECONDS,
+    failed_repeat: float = DEFAULT_FAILED_REPEAT_SECONDS,
+) -> Asset:
+    """The job's health as an Asset (`{job}.health`, `streamkeeper://{job}/health`),
+    watched by a `JobHealthTrigger`: an asset event per health change (triggers/health.py).
+    The monitor DAG is scheduled on it; nothing is read at parse time.
+
+    Args:
+        job: the job's name.
+        conn_id: the connection of the job's storage root.
+        root: the storage root, if not the connection's.
+        poll_interval: seconds between the watcher's status reads.
+        failed_repeat: seconds after which a job still FAILED fires again.
+    """
+    trigger = JobHealthTrigger(
+        conn_id=conn_id,
+        job=job,
+        root=root,
+        poll_interval=poll_interval,
+        failed_repeat=failed_repeat,
+    )
+    return Asset(
+        uri=f"streamkeeper://{job}/health",
+        name=f"{job}.health",
+        group=ASSET_GROUP,
+        extra={"job": job},
+        watchers=[AssetWatcher(name=f"{job}.health", trigger=trigger)],
+    )
 
 
 def asset_uri(table: str) -> str:

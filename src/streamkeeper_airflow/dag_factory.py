@@ -5,9 +5,13 @@ For each job (dag id `{job}.{action}`, tags `streamkeeper` and the job):
     {job}.start      manual; Params: start_from, checkpoint_id, savepoint_id,
                      new_checkpoints, takeover, launcher, spark_master, overrides,
                      start_timeout. Succeeds once the job is RUNNING with new checkpoints.
-    {job}.monitor    on `airflow.monitor_schedule`; fails with the reason and an alert if
-                     the job is DEGRADED, FAILING or FAILED; restarts a FAILED job from its
-                     latest checkpoint with back-off if `restart` (spec: airflow.restart).
+    {job}.monitor    on each health change of the job (asset `{job}.health`, watched in
+                     the triggerer: no task runs while it stays healthy) and once a day
+                     as a safety net (`airflow.monitor_safety_net`); with `airflow.monitor:
+                     schedule`, on the `airflow.monitor_schedule` cron instead. Fails with
+                     the reason and an alert if the job is DEGRADED, FAILING or FAILED;
+                     restarts a FAILED job from its latest checkpoint with back-off if
+                     `restart` (spec: airflow.restart).
     {job}.savepoint  on `airflow.savepoint_schedule` (or manual); Params: format,
                      self_contained.
     {job}.stop       manual; Params: mode (stop | cancel), savepoint, format.
@@ -36,9 +40,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow.sdk import DAG, Param, get_parsing_context
+from airflow.sdk import (
+    DAG,
+    AssetOrTimeSchedule,
+    CronTriggerTimetable,
+    Param,
+    get_parsing_context,
+)
 
 from streamkeeper_airflow import settings
+from streamkeeper_airflow.assets import job_health_asset
 from streamkeeper_airflow.launchers import LAUNCHERS
 from streamkeeper_airflow.notifications.alerts import StreamkeeperAlertNotifier
 from streamkeeper_airflow.operators.commands import FORMATS, SavepointOperator, StopJobOperator
@@ -151,7 +162,7 @@ def generate(action: str, default_jobs_folder: Path) -> dict[str, DAG]:
     return {entry.dag_id(action): builders[action](entry) for entry in entries}
 
 
-def _dag(entry: JobEntry, action: str, *, schedule: str | None, **kwargs: Any) -> DAG:
+def _dag(entry: JobEntry, action: str, *, schedule: Any, **kwargs: Any) -> DAG:
     return DAG(
         dag_id=entry.dag_id(action),
         schedule=schedule,
@@ -245,7 +256,7 @@ def monitor_dag(entry: JobEntry) -> DAG:
     with _dag(
         entry,
         "monitor",
-        schedule=spec.airflow.monitor_schedule,
+        schedule=monitor_schedule(entry),
         params=params,
         description=f"Watch {entry.name}'s checkpoints; alert and restart when it fails",
         doc_md=__doc__,
@@ -275,6 +286,22 @@ def monitor_dag(entry: JobEntry) -> DAG:
         # would let a failed check pass. A restart only fails after a failed check.)
         check >> restart_task.as_teardown()
     return dag
+
+
+def monitor_schedule(entry: JobEntry) -> Any:
+    """The monitor's schedule: the job's health asset, or with it a safety-net cron (a
+    change the watcher missed, e.g. while no triggerer ran, is seen at the next tick);
+    `airflow.monitor: schedule` keeps the polling cron."""
+    spec = entry.spec.airflow
+    if spec.monitor == "schedule":
+        return spec.monitor_schedule
+    health = job_health_asset(
+        entry.name, conn_id=spec.conn_id, poll_interval=spec.monitor_poll_interval
+    )
+    if spec.monitor_safety_net is None:
+        return [health]
+    cron = CronTriggerTimetable(spec.monitor_safety_net, timezone="UTC")
+    return AssetOrTimeSchedule(timetable=cron, assets=[health])
 
 
 def savepoint_dag(entry: JobEntry) -> DAG:

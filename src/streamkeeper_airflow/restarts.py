@@ -9,7 +9,8 @@ Attempt 1 runs as soon as the monitor sees the job FAILED; attempt k+1 waits
 `backoff * 2**(k-1)` (at most `max_backoff`) after attempt k; after `max_attempts` the
 monitor gives up and alerts. The count resets once the job is healthy again: RUNNING
 with a checkpoint committed after the last restart. The wait is checked when the monitor
-runs, so its schedule bounds how soon a due restart happens.
+runs, so its schedule bounds how soon a due restart happens (event-driven: the health
+watcher fires again every 5 min while the job stays FAILED, triggers/health.py).
 """
 
 from __future__ import annotations

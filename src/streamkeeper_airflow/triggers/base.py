@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -178,3 +178,36 @@ async def hook_for(conn_id: str, root: str | None) -> StreamkeeperHook:
     hook = await StreamkeeperHook.for_trigger(conn_id, root)
     await asyncio.to_thread(lambda: hook.client)  # builds the storage client off the loop
     return hook
+
+
+T = TypeVar("T")
+
+
+async def watch_polls(
+    trigger: BaseTrigger,
+    poll: Callable[[StreamkeeperHook], T],
+    *,
+    conn_id: str,
+    root: str | None,
+    interval: float,
+    what: str,
+) -> AsyncIterator[T]:
+    """What `poll(hook)` reads (in a thread) every `interval` seconds, forever: an event
+    trigger's watch. A failed poll is logged, redacted, and the watch goes on (a watcher
+    that gave up would leave its assets without events until the triggerer restarts)."""
+    hook: StreamkeeperHook | None = None
+    while True:
+        try:
+            hook = hook or await hook_for(conn_id, root)
+            reading = await asyncio.to_thread(poll, hook)
+        except Exception as error:  # noqa: BLE001 - a watcher keeps watching
+            secrets = () if hook is None else hook.settings.secrets
+            trigger.log.warning(
+                "%s poll failed, trying again in %.1f s: %s",
+                what,
+                interval,
+                redact(f"{type(error).__name__}: {error}", secrets),
+            )
+        else:
+            yield reading
+        await asyncio.sleep(interval)

@@ -26,14 +26,12 @@ that fails is logged (redacted) and retried; an asset watcher never gives up.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from streamkeeper_airflow.secrets import redact
-from streamkeeper_airflow.triggers.base import hook_for
+from streamkeeper_airflow.triggers.base import watch_polls
 
 if TYPE_CHECKING:
     from streamkeeper.stable import StablePoint, StableView
@@ -80,30 +78,23 @@ class CommittedOutputTrigger(BaseEventTrigger):
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook: StreamkeeperHook | None = None
         baseline: int | None = None  # the stable seq last seen; None: not yet polled
-        while True:
-            try:
-                hook = hook or await hook_for(self.conn_id, self.root)
-                point = await asyncio.to_thread(self._poll, hook)
-            except Exception as error:  # noqa: BLE001 - a watcher keeps watching
-                secrets = () if hook is None else hook.settings.secrets
-                self.log.warning(
-                    "%s: poll failed, trying again in %.1f s: %s",
-                    self.job,
-                    self.poll_interval,
-                    redact(f"{type(error).__name__}: {error}", secrets),
-                )
-            else:
-                seq = -1 if point is None else point.seq
-                if baseline is None:
-                    baseline = seq
-                    self.log.info("%s: watching commits after seq %d", self.job, seq)
-                elif point is not None and seq != baseline:
-                    event = commit_event(self.job, point, self._stable, rewound=seq < baseline)
-                    baseline = seq
-                    yield TriggerEvent(event)
-            await asyncio.sleep(self.poll_interval)
+        async for point in watch_polls(
+            self,
+            self._poll,
+            conn_id=self.conn_id,
+            root=self.root,
+            interval=self.poll_interval,
+            what=f"{self.job}: commit",
+        ):
+            seq = -1 if point is None else point.seq
+            if baseline is None:
+                baseline = seq
+                self.log.info("%s: watching commits after seq %d", self.job, seq)
+            elif point is not None and seq != baseline:
+                event = commit_event(self.job, point, self._stable, rewound=seq < baseline)
+                baseline = seq
+                yield TriggerEvent(event)
 
     def _poll(self, hook: StreamkeeperHook) -> StablePoint | None:
         """The job's stable point now (in a thread); None while it never committed."""
