@@ -25,11 +25,16 @@ fi
 VENV="${STREAMKEEPER_VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 STAMP="$VENV/.requirements.sha256"
-WANT="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+WANT="$(cat requirements.txt pyproject.toml provider/pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -r requirements.txt
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e .
+  # The runtime and the provider are two distributions (provider/pyproject.toml).
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -e . -e ./provider
+  # The build leaves egg-info folders in the source trees, which are on sys.path in an
+  # editable install: importlib would then see each distribution twice and Airflow would
+  # load the plugin twice ("already registered"). The installed dist-info is the record.
+  rm -rf src/*.egg-info provider/src/*.egg-info
   echo "$WANT" > "$STAMP"
 fi
 export SPARK_LOCAL_IP=127.0.0.1

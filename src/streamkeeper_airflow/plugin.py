@@ -1,9 +1,8 @@
 """The streamkeeper Airflow plugin: the operations page (a nav entry and its FastAPI app).
 
-Loaded from the plugins folder (`plugins/streamkeeper_plugin.py` imports this class; a
-deployment puts that one line in its own plugins folder). Not registered as an
-`airflow.plugins` entry point: with an editable install Airflow finds that entry point
-twice (the dist-info and the source tree's egg-info) and reports a duplicate. The page
+Registered by the provider distribution (provider/pyproject.toml) as an `airflow.plugins`
+entry point and in its provider info, so installing the provider is enough: nothing goes
+into a plugins folder (a copy there would be loaded twice, "already registered"). The page
 lives in `streamkeeper_airflow.ui`; it reads the specs in `[streamkeeper] jobs_folder`,
 by default `jobs/` beside the DAG folder (where the DAG files look too).
 """

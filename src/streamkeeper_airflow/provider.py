@@ -1,7 +1,8 @@
 """`get_provider_info()`: how Airflow's ProvidersManager learns about this package.
 
-Registered in pyproject.toml as the `apache_airflow_provider` entry point of the
-`streamkeeper` distribution (the provider's `package-name` must be that distribution's).
+Registered in provider/pyproject.toml as the `apache_airflow_provider` entry point of the
+`airflow-provider-streamkeeper` distribution (the provider's `package-name` must be that
+distribution's name).
 """
 
 from __future__ import annotations
@@ -27,20 +28,29 @@ _MODULES = {
         "streamkeeper_airflow.triggers.checkpoints",
         "streamkeeper_airflow.triggers.commands",
         "streamkeeper_airflow.triggers.commits",
+        "streamkeeper_airflow.triggers.health",
     ],
 }
 INTEGRATION = "Streamkeeper"
+PACKAGE_NAME = "airflow-provider-streamkeeper"
+# The integration's "external-doc-url" names the service integrated with (as Airflow's own
+# providers do): Spark Structured Streaming, whose jobs this provider runs.
+SPARK_STREAMING_DOCS = "https://spark.apache.org/docs/latest/streaming/index.html"
 
 
 def get_provider_info() -> dict[str, Any]:
     return {
-        "package-name": "streamkeeper",
+        "package-name": PACKAGE_NAME,
         "name": "Streamkeeper",
         "description": "Flink-grade lifecycle for PySpark Structured Streaming jobs: start, "
         "watch checkpoints, savepoints, stop.",
         "versions": [__version__],
         "integrations": [
-            {"integration-name": INTEGRATION, "tags": ["service"], "external-doc-url": ""}
+            {
+                "integration-name": INTEGRATION,
+                "tags": ["service"],
+                "external-doc-url": SPARK_STREAMING_DOCS,
+            }
         ],
         **{
             kind: [{"integration-name": INTEGRATION, "python-modules": modules}]
@@ -57,6 +67,12 @@ def get_provider_info() -> dict[str, Any]:
         "extra-links": [
             "streamkeeper_airflow.links.StreamingJobLink",
             "streamkeeper_airflow.links.SparkUILink",
+        ],
+        "plugins": [
+            {
+                "name": "streamkeeper",
+                "plugin-class": "streamkeeper_airflow.plugin.StreamkeeperPlugin",
+            }
         ],
         "notifications": [
             "streamkeeper_airflow.notifications.alerts.StreamkeeperAlertNotifier",

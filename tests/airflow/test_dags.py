@@ -77,7 +77,9 @@ def test_every_dag_imports_light_and_fast(tmp_path: Path) -> None:
     assert monitor["params"] == [
         "backoff_seconds", "max_attempts", "max_backoff_seconds", "restart",
     ]  # fmt: skip
-    assert "*/5 * * * *" in monitor["schedule"]
+    # Event-driven: the job's health asset (watched in the triggerer), or the daily net.
+    assert "AssetOrTimeSchedule" in monitor["schedule"] and "0 0 * * *" in monitor["schedule"]
+    assert "streamkeeper://keyed-totals/health" in monitor["schedule"]
     assert "0 * * * *" in bag["dags"]["keyed-totals.savepoint"]["schedule"]  # the spec's cron
     assert bag["dags"]["keyed-totals.stop"]["params"] == ["format", "mode", "savepoint"]
     upgrade = bag["dags"]["keyed-totals.upgrade"]
@@ -143,6 +145,9 @@ start = DagSerialization.from_dict(json.loads(json.dumps(
 out["start_from"] = start.start_from
 out["job"] = start.job
 out["links"] = sorted(start.extra_links)
+monitor = DagSerialization.from_dict(json.loads(json.dumps(
+    DagSerialization.to_dict(bag.dags["keyed-totals.monitor"]))))
+out["monitor_timetable"] = [type(monitor.timetable).__name__, monitor.timetable.summary]
 print(json.dumps(out))
 """
     out = _python(code, tmp_path)
@@ -154,6 +159,7 @@ print(json.dumps(out))
     monitor = out["keyed-totals.monitor"]
     assert monitor["check"]["type"] == "JobHealthOperator"
     assert monitor["restart"]["type"] == "RestartJobOperator" and monitor["restart"]["teardown"]
+    assert out["monitor_timetable"] == ["AssetOrTimeSchedule", "Asset or 0 0 * * *"]
     assert out["keyed-totals.savepoint"]["savepoint"]["type"] == "SavepointOperator"
     assert out["keyed-totals.stop"]["stop"]["type"] == "StopJobOperator"
     upgrade = out["keyed-totals.upgrade"]
@@ -162,28 +168,25 @@ print(json.dumps(out))
     assert out["keyed-totals.rollback"]["rollback"]["type"] == "RollbackOperator"
 
 
-def _distribution_with_provider_entry_point(target: Path) -> Path:
-    """What `pip install -e .` records: pyproject's entry points in a dist-info folder."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    points = project["entry-points"]["apache_airflow_provider"]
-    dist = target / f"streamkeeper-{project['version']}.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: streamkeeper\nVersion: {project['version']}\n"
-    )
-    lines = "".join(f"{name} = {value}\n" for name, value in points.items())
-    (dist / "entry_points.txt").write_text(f"[apache_airflow_provider]\n{lines}")
-    return target
+def test_the_installed_provider_declares_what_its_project_does() -> None:
+    """The venv's provider distribution carries provider/pyproject.toml's entry points (a
+    stale install would register another provider or no plugin)."""
+    from importlib.metadata import distribution
+
+    project = tomllib.loads((REPO / "provider" / "pyproject.toml").read_text())["project"]
+    installed = distribution(project["name"]).entry_points
+    for group, points in project["entry-points"].items():
+        assert {(e.name, e.value) for e in installed.select(group=group)} == set(points.items())
+    assert set(project["entry-points"]) == {"apache_airflow_provider", "airflow.plugins"}
 
 
 def test_the_provider_is_registered_and_the_plugin_loads(tmp_path: Path) -> None:
-    site = _distribution_with_provider_entry_point(tmp_path / "site")
     code = """
 import json
 from airflow.providers_manager import ProvidersManager
 from airflow import plugins_manager
 manager = ProvidersManager()
-info = manager.providers["streamkeeper"]
+info = manager.providers["airflow-provider-streamkeeper"]
 hook = manager.hooks.get("streamkeeper")
 triggers = sorted(t.trigger_class_name for t in manager.trigger if "streamkeeper" in t.package_name)
 plugins, errors = plugins_manager._get_plugins()
@@ -200,22 +203,17 @@ print(json.dumps({
     "plugin_errors": errors,
 }))
 """
-    pythonpath = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
-    out = _python(
-        code,
-        tmp_path,
-        PYTHONPATH=pythonpath,
-        AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
-    )
+    out = _python(code, tmp_path, AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"))
     assert out["version"] == "0.1.0" and out["connection_types"] == ["streamkeeper"]
     assert out["hook"] == "streamkeeper_airflow.hooks.streamkeeper.StreamkeeperHook"
     assert out["trigger_modules"] == [
         "streamkeeper_airflow.triggers.checkpoints",
         "streamkeeper_airflow.triggers.commands",
         "streamkeeper_airflow.triggers.commits",
+        "streamkeeper_airflow.triggers.health",
     ]
-    # The plugins folder's one line loads the provider package's plugin class.
-    assert "streamkeeper" in out["plugins"] and out["plugin_errors"] == {}
+    # The provider's entry point loads the plugin, once, beside the plugins folder.
+    assert out["plugins"].count("streamkeeper") == 1 and out["plugin_errors"] == {}
     assert out["plugin_class"] == "streamkeeper_airflow.plugin"
     assert out["plugin_views"] == ["Streaming jobs"] and out["plugin_apps"] == ["/streamkeeper"]
 
@@ -225,3 +223,58 @@ def test_each_dag_file_is_thin(action: str) -> None:
     text = (REPO / "dags" / f"{action}.py").read_text()
     code = [line for line in text.splitlines() if line and not line.startswith(("#", '"'))]
     assert len(text.splitlines()) < 20 and "generate(" in text, code
+
+
+def _monitor(tmp_path: Path, **airflow: object) -> Any:
+    """The monitor DAG of the sample spec with `airflow.*` overrides, built in-process."""
+    from streamkeeper.spec import load_spec
+    from streamkeeper_airflow.dag_factory import JobEntry, monitor_dag
+
+    overrides = {f"airflow.{key}": value for key, value in airflow.items()}
+    path = REPO / "jobs/keyed_totals/job.yaml"
+    return monitor_dag(JobEntry(path, load_spec(path, overrides)))
+
+
+def test_the_monitor_runs_on_health_changes_and_keeps_the_cron_as_an_opt_in(
+    tmp_path: Path,
+) -> None:
+    from airflow.sdk import Asset, AssetOrTimeSchedule
+
+    from streamkeeper_airflow.triggers.health import JobHealthTrigger
+
+    events = _monitor(tmp_path, monitor_poll_interval="20s")
+    assert isinstance(events.timetable, AssetOrTimeSchedule)
+    assert events.timetable.timetable.expression == "0 0 * * *"  # the daily safety net
+    (health,) = events.timetable.asset_condition.objects
+    assert (health.name, health.uri) == (
+        "keyed-totals.health",
+        "streamkeeper://keyed-totals/health",
+    )
+    trigger = health.watchers[0].trigger
+    assert isinstance(trigger, JobHealthTrigger)
+    assert (trigger.job, trigger.conn_id, trigger.poll_interval) == (
+        "keyed-totals", "streamkeeper_default", 20.0,
+    )  # fmt: skip
+    assert sorted(events.task_ids) == ["check", "restart"]
+
+    no_net = _monitor(tmp_path, monitor_safety_net=None)
+    assert [type(a) for a in no_net.timetable.asset_condition.objects] == [Asset]
+    polling = _monitor(tmp_path, monitor="schedule", monitor_schedule="*/10 * * * *")
+    assert polling.timetable.expression == "*/10 * * * *"  # the previous way, as it was
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fix"),
+    [
+        ("monitor", "cron", "'events' or 'schedule'"),
+        ("monitor_safety_net", "daily", "expected a cron expression"),
+        ("monitor_poll_interval", "0s", "expected a duration such as '15s'"),
+    ],
+)
+def test_a_bad_monitor_setting_names_the_field_and_the_fix(
+    tmp_path: Path, field: str, value: str, fix: str
+) -> None:
+    from streamkeeper.errors import SpecError
+
+    with pytest.raises(SpecError, match=rf"airflow\.{field}: .*{fix}"):
+        _monitor(tmp_path, **{field: value})
