@@ -67,6 +67,7 @@ def get_provider_info() -> dict[str, Any]:
         "extra-links": [
             "streamkeeper_airflow.links.StreamingJobLink",
             "streamkeeper_airflow.links.SparkUILink",
+            "streamkeeper_airflow.links.DriverLogLink",
         ],
         "plugins": [
             {

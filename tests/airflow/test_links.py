@@ -1,4 +1,5 @@
-"""The operators' extra links: the job on the operations page, the driver's Spark UI."""
+"""The operators' extra links: the job on the operations page, the driver's Spark UI and
+log."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streamkeeper_airflow.links import SparkUILink, StreamingJobLink
+from streamkeeper_airflow.links import DriverLogLink, SparkUILink, StreamingJobLink
 from streamkeeper_airflow.operators.commands import SavepointOperator
 from streamkeeper_airflow.operators.health import JobHealthOperator
 from streamkeeper_airflow.operators.start import StartJobOperator
@@ -45,6 +46,19 @@ def test_the_spark_ui_link_is_the_drivers_from_its_heartbeat(
     ],
     ids=lambda o: type(o).__name__,
 )
-def test_the_job_operators_carry_both_links(operator: object) -> None:
+def test_the_job_operators_carry_the_three_links(operator: object) -> None:
     names = [link.name for link in operator.operator_extra_links]  # type: ignore[attr-defined]
-    assert names == ["Streaming job", "Spark UI"]
+    assert names == ["Streaming job", "Spark UI", "Driver log"]
+
+
+def test_the_driver_log_link_is_the_pages_route_below_airflows_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    operator = JobHealthOperator(task_id="check", job="orders & co")
+    link = DriverLogLink().get_link(operator, ti_key=None)  # type: ignore[arg-type]
+    assert link == "/streamkeeper/api/jobs/orders%20%26%20co/driver-log"
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/af/")
+    link = DriverLogLink().get_link(operator, ti_key=None)  # type: ignore[arg-type]
+    assert (
+        link == "https://airflow.example.com/af/streamkeeper/api/jobs/orders%20%26%20co/driver-log"
+    )

@@ -181,6 +181,7 @@ def test_a_job_whose_dags_the_user_may_not_read_is_invisible(airflow: AirflowSer
         for path in (
             f"/streamkeeper/api/jobs/{THEIRS}",
             f"/streamkeeper/api/jobs/{THEIRS}/runs",
+            f"/streamkeeper/api/jobs/{THEIRS}/driver-log",
             f"/streamkeeper/api/dag-runs/{THEIRS}.savepoint/any-run",
         ):
             hidden = alice.get(path)

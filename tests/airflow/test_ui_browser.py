@@ -34,7 +34,7 @@ from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.client import Checkpoint, StreamkeeperClient
 from streamkeeper_airflow.ui.actions import lifecycle_dag_ids
 from tests.support import browser
-from tests.support.airflow_runs import stop_job_drivers
+from tests.support.airflow_runs import launch_record, stop_job_drivers
 
 pytestmark = [
     pytest.mark.integration,
@@ -143,7 +143,7 @@ def _run_state(api: httpx.Client, dag_id: str, run_id: str, timeout: float = 600
     raise AssertionError(f"{dag_id} {run_id} still {state} after {timeout} s")
 
 
-def _start_job(api: httpx.Client, place: Path) -> None:
+def _start_job(api: httpx.Client, place: Path) -> str:
     overrides = {
         "source.path": str(place / "events"),
         "checkpoint.dir": str(place / "checkpoint"),
@@ -153,7 +153,28 @@ def _start_job(api: httpx.Client, place: Path) -> None:
     conf = {"overrides": overrides, "new_checkpoints": 1}
     reply = api.post(f"/api/v2/dags/{JOB}.start/dagRuns", json={"logical_date": None, "conf": conf})
     assert reply.status_code == 200, reply.text
-    assert _run_state(api, f"{JOB}.start", reply.json()["dag_run_id"]) == "success"
+    run_id = reply.json()["dag_run_id"]
+    assert _run_state(api, f"{JOB}.start", run_id) == "success"
+    return run_id
+
+
+def _check_driver_log_link(driver: Any, api: httpx.Client, run_id: str, place: Path) -> None:
+    """The start task's *Driver log* link, as Airflow's API lists it, opened in the
+    logged-in browser: the tail of the file the launch record names."""
+    from selenium.webdriver.common.by import By
+
+    links = api.get(f"/api/v2/dags/{JOB}.start/dagRuns/{run_id}/taskInstances/start/links")
+    assert links.status_code == 200, links.text
+    url = links.json()["extra_links"]["Driver log"]
+    assert url.endswith(f"/streamkeeper/api/jobs/{JOB}/driver-log"), url
+    driver.get(url if "://" in url else str(api.base_url.join(url)))
+    text = driver.find_element(By.TAG_NAME, "body").text
+    log = Path(launch_record(place / "data", JOB)["log"])
+    header, body = text.split("\n", 1)
+    assert str(log) in header and "the last" in header, header
+    written = log.read_text()  # the driver keeps writing: what the page showed came first
+    lines = [line for line in body.splitlines() if line.strip()]
+    assert len(lines) > 10 and all(line in written for line in lines[-10:]), lines[-10:]
 
 
 def _shot(driver: Any, name: str) -> None:
@@ -325,7 +346,12 @@ def test_anonymous_and_viewer_requests_are_refused_by_airflows_auth(
     airflow: tuple[AirflowServices, Path],
 ) -> None:
     services, place = airflow
-    for path in ("/streamkeeper/", "/streamkeeper/api/jobs", f"/streamkeeper/api/jobs/{JOB}"):
+    for path in (
+        "/streamkeeper/",
+        "/streamkeeper/api/jobs",
+        f"/streamkeeper/api/jobs/{JOB}",
+        f"/streamkeeper/api/jobs/{JOB}/driver-log",
+    ):
         assert httpx.get(services.api_url + path, timeout=30).status_code == 401, path
     forged = httpx.get(
         f"{services.api_url}/streamkeeper/api/jobs", cookies={"_token": "forged"}, timeout=30
@@ -357,11 +383,13 @@ def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
     with _api(services, _token(services, "admin")) as admin:
         for action in ("start", "savepoint"):
             _unpause(admin, f"{JOB}.{action}")
-        _start_job(admin, place)
+        start_run = _start_job(admin, place)
 
     driver = browser.start_chromium(place / "chromium-profile", place / "chromedriver.log")
     try:
         _log_in(driver, services)
+        with _api(services, _token(services, "admin")) as admin:
+            _check_driver_log_link(driver, admin, start_run, place)
         _open_page(driver, services)
         row = _wait(
             driver,

@@ -5,6 +5,7 @@
     GET  /api/jobs?q=&offset=&limit=       one page of job summaries (small files only)
     GET  /api/jobs/{job}?window=200        the open job: charts, savepoints, upgrades, specs
     GET  /api/jobs/{job}/runs              its lifecycle DAGs' newest runs (Airflow's API)
+    GET  /api/jobs/{job}/driver-log        the tail of its driver's log (text; driver_log.py)
     POST /api/jobs/{job}/actions/{action}  trigger savepoint|stop|restart|upgrade|rollback
     GET  /api/dag-runs/{dag_id}/{run_id}   one DAG run's state (Airflow's API)
 
@@ -26,10 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Request, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from streamkeeper_airflow.secrets import redact_value
-from streamkeeper_airflow.ui import actions, details, summaries
+from streamkeeper_airflow.ui import actions, details, driver_log, summaries
 from streamkeeper_airflow.ui.access import AirflowUserAccess, Everyone, JobAccess, job_of_dag
 from streamkeeper_airflow.ui.airflow_api import AirflowApi, configured_api_url, user_token
 
@@ -78,6 +79,12 @@ class TtlCache:
         return self._value
 
 
+def _configured_workdir() -> str:
+    from streamkeeper_airflow import settings
+
+    return settings.workdir()
+
+
 def _authenticated() -> list[Any]:
     """Airflow's own login check (`get_user`: 401 without a valid JWT), keeping the user's
     `JobAccess` for the routes."""
@@ -122,7 +129,9 @@ class JobSource:
         spec_jobs: Callable[[], dict[str, list[str]]],
         secrets: Callable[[], Iterable[str | None]],
         client_ttl: float,
+        drivers_workdir: Callable[[], str] | None = None,
     ) -> None:
+        self.drivers_workdir = drivers_workdir or _configured_workdir
         self._client = TtlCache(client_factory, client_ttl)
         self._specs = TtlCache(spec_jobs, 30.0)
         self._secrets = TtlCache(lambda: tuple(secrets()), client_ttl)
@@ -158,6 +167,7 @@ def create_app(
     secrets: Callable[[], Iterable[str | None]] = tuple,
     authenticate: bool = True,
     client_ttl: float = 60.0,
+    drivers_workdir: Callable[[], str] | None = None,
 ) -> FastAPI:
     """The app.
 
@@ -169,6 +179,8 @@ def create_app(
         secrets: the connection's credentials, masked in every text the page shows.
         authenticate: False only for tests and the benchmark's in-process client (then
             every job is visible and every action allowed).
+        drivers_workdir: the drivers' working directory, whose log folder is the only
+            place a driver log is read from (default: `[streamkeeper] workdir`).
     """
     app = FastAPI(
         title="streamkeeper operations",
@@ -177,7 +189,7 @@ def create_app(
         redoc_url=None,
     )
 
-    source = JobSource(client_factory, spec_jobs, secrets, client_ttl)
+    source = JobSource(client_factory, spec_jobs, secrets, client_ttl, drivers_workdir)
 
     @app.exception_handler(ValueError)
     def bad_value(_: Request, error: ValueError) -> JSONResponse:
@@ -226,6 +238,16 @@ def _job_routes(app: FastAPI, source: JobSource) -> None:
             source.client, names=names, started=started, query=q, offset=offset, limit=limit
         )
         return source.redacted(page.to_json())
+
+    @app.get("/api/jobs/{job}/driver-log", response_class=PlainTextResponse)
+    def driver_log_tail(job: str, access: Access) -> PlainTextResponse:
+        source.visible(job, access)
+        folder = driver_log.logs_folder(source.drivers_workdir())
+        log = driver_log.read_driver_log(source.client.store, job, folder)
+        header = source.redacted(f"# {job}: {log.message}\n")
+        if log.text is None:
+            return PlainTextResponse(header, status_code=404)
+        return PlainTextResponse(header + source.redacted(log.text))
 
     @app.get("/api/jobs/{job}")
     def job(job: str, access: Access, window: int = 200) -> dict[str, Any]:
