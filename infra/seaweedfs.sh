@@ -30,6 +30,8 @@
 #       every request's signature against them: requests signed with any other
 #       key pair, and anonymous requests, are rejected (403).
 #   WEED_BIN (optional) path to the `weed` binary (default: `weed` on PATH).
+#   SEAWEED_IAM_CONFIG (optional) an advanced IAM config (JSON: STS signing key, roles
+#       with trust policies, policies): the S3 port then also serves STS AssumeRole.
 set -euo pipefail
 
 if [[ $# -ne 3 ]]; then
@@ -73,4 +75,5 @@ exec "$weed" mini \
     -filer.port.grpc=$((port + 10003)) \
     -admin.port=$((port + 8)) \
     -admin.port.grpc=$((port + 10008)) \
-    -master.telemetry=false
+    -master.telemetry=false \
+    ${SEAWEED_IAM_CONFIG:+-s3.iam.config="$SEAWEED_IAM_CONFIG"}

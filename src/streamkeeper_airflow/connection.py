@@ -5,13 +5,20 @@ Connection type `streamkeeper` (its form in Airflow's UI: connection_form.py):
     host      the S3 endpoint URL, e.g. http://127.0.0.1:8333 (empty: AWS itself)
     login     the access key id
     password  the secret access key
-    extra     {"root": "s3://bucket/prefix", "region": "us-east-1", "allow_http": true}
-              (the form's fields Storage root, Region, Allow plain HTTP)
+    extra     {"root": "s3://bucket/prefix", "region": "us-east-1", "allow_http": true,
+               "role_arn": "arn:aws:iam::123456789012:role/streaming"}
+              (the form's fields Storage root, Region, Allow plain HTTP, Role ARN)
+
+`role_arn`: every client (the Airflow side's and the drivers') assumes that role with
+the connection's key, or with the default AWS chain when there is none, and refreshes
+its temporary credentials (streamkeeper/storage/credentials.py). Without a key and a
+role, the default chain (IRSA, container and instance roles, profiles) is used as is.
 
 `root` may also be a local absolute path (the embedded default needs no credentials).
 An `aws` connection (the Amazon provider's) is read too: login/password, or
-`aws_access_key_id`/`aws_secret_access_key` in extra; `endpoint_url` and `region_name`
-in extra; `root` in extra as above. A `generic` connection takes the streamkeeper fields.
+`aws_access_key_id`/`aws_secret_access_key`/`aws_session_token` in extra; `endpoint_url`,
+`region_name` and `role_arn` in extra; `root` in extra as above. A `generic` connection
+takes the streamkeeper fields.
 
 The credentials never appear in `repr`, in an error message, or in a driver's command
 line (they reach a driver through its environment only).
@@ -20,6 +27,7 @@ line (they reach a driver through its environment only).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -29,6 +37,10 @@ from streamkeeper_airflow.errors import ConnectionConfigError
 CONN_TYPE = "streamkeeper"
 ACCEPTED_TYPES = (CONN_TYPE, "aws", "generic", "")
 EXAMPLE_EXTRA = '{"root": "s3://bucket/prefix", "region": "us-east-1"}'
+ROLE_ARN_PATTERN = r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}"
+# The variable a driver reads the role from (storage/location.py; not AWS_ROLE_ARN, which
+# the default chain takes for web identity).
+ROLE_ARN_VARIABLE = "STREAMKEEPER_S3_ROLE_ARN"
 
 
 class ConnectionLike(Protocol):
@@ -56,6 +68,8 @@ class ConnectionSettings:
     allow_http: bool = False
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    role_arn: str | None = None
 
     @classmethod
     def from_connection(cls, conn: ConnectionLike) -> ConnectionSettings:
@@ -85,12 +99,14 @@ class ConnectionSettings:
             else allow_http,
             access_key=conn.login or extra.get("aws_access_key_id") or None,
             secret_key=conn.password or extra.get("aws_secret_access_key") or None,
+            session_token=extra.get("aws_session_token") or None,
+            role_arn=_role_arn(conn.conn_id, extra.get("role_arn")),
         )
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """Values that must never be shown: the access key and the secret."""
-        return tuple(s for s in (self.secret_key, self.access_key) if s)
+        """Values that must never be shown: the access key, the secret, the token."""
+        return tuple(s for s in (self.secret_key, self.access_key, self.session_token) if s)
 
     def s3_settings(self) -> Any:
         """`streamkeeper.storage.S3Settings` for the client (imported here: light)."""
@@ -102,6 +118,8 @@ class ConnectionSettings:
             access_key=self.access_key,
             secret_key=self.secret_key,
             allow_http=self.allow_http,
+            session_token=self.session_token,
+            role_arn=self.role_arn,
         )
 
     def driver_env(self) -> dict[str, str]:
@@ -113,6 +131,10 @@ class ConnectionSettings:
             env["AWS_ACCESS_KEY_ID"] = self.access_key
         if self.secret_key:
             env["AWS_SECRET_ACCESS_KEY"] = self.secret_key
+        if self.session_token:
+            env["AWS_SESSION_TOKEN"] = self.session_token
+        if self.role_arn:
+            env[ROLE_ARN_VARIABLE] = self.role_arn
         return env
 
 
@@ -155,6 +177,19 @@ def _flag(conn_id: str, extra: dict[str, Any], name: str) -> bool | None:
     raise ConnectionConfigError(
         f"connection {conn_id!r}: extra.{name} is {value!r}; expected true or false"
     )
+
+
+def _role_arn(conn_id: str, value: Any) -> str | None:
+    """An IAM role ARN (arn:PARTITION:iam::ACCOUNT:role/NAME), or None."""
+    if value is None or value == "":
+        return None
+    text = str(value).strip()
+    if not re.fullmatch(ROLE_ARN_PATTERN, text):
+        raise ConnectionConfigError(
+            f"connection {conn_id!r}: extra.role_arn {text!r} is not a role ARN; expected "
+            "arn:aws:iam::123456789012:role/NAME (or leave it empty)"
+        )
+    return text
 
 
 def _root(conn_id: str, root: Any) -> str | None:

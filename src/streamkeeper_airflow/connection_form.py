@@ -4,14 +4,14 @@ Declared once, here, and handed to Airflow two ways: as the provider info's
 `conn-fields` and `ui-field-behaviour` (read without importing the hook, Airflow 3.2+),
 and through the hook's `get_ui_field_behaviour` for earlier versions. The extra fields
 are stored in the connection's extra JSON under their own names (`root`, `region`,
-`allow_http`), which is what `connection.ConnectionSettings` reads.
+`role_arn`, `allow_http`), which is what `connection.ConnectionSettings` reads.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from streamkeeper_airflow.connection import EXAMPLE_EXTRA
+from streamkeeper_airflow.connection import EXAMPLE_EXTRA, ROLE_ARN_PATTERN
 
 HIDDEN_FIELDS = ["schema", "port"]
 RELABELING = {
@@ -36,6 +36,13 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "label": "Region",
         "description": "The S3 region (ignored for a local root).",
         "schema": {"type": ["string", "null"], "default": "us-east-1"},
+    },
+    "role_arn": {
+        "label": "Role ARN",
+        "description": "An IAM role every client assumes with the key above (or with the "
+        "default AWS chain when it is empty), its temporary credentials refreshed; "
+        "empty: no role.",
+        "schema": {"type": ["string", "null"], "pattern": f"^({ROLE_ARN_PATTERN})?$"},
     },
     "allow_http": {
         "label": "Allow plain HTTP",

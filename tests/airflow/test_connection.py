@@ -91,6 +91,21 @@ def test_an_aws_connection_is_read_too() -> None:
     assert not settings.allow_http
 
 
+def test_an_aws_connections_session_token_and_role_reach_every_client_and_the_driver() -> None:
+    role = "arn:aws-cn:iam::123456789012:role/streaming/jobs"
+    extra = {"aws_session_token": CANARY_SECRET + "-token", "role_arn": role, "root": "s3://l"}
+    settings = ConnectionSettings.from_connection(
+        _conn("aws", login=CANARY_KEY, password=CANARY_SECRET, extra=extra)
+    )
+    s3 = settings.s3_settings()
+    assert (s3.role_arn, s3.session_token) == (role, CANARY_SECRET + "-token")
+    assert CANARY_SECRET + "-token" in settings.secrets  # redacted wherever text is shown
+    env = settings.driver_env()
+    assert env["STREAMKEEPER_S3_ROLE_ARN"] == role
+    assert env["AWS_SESSION_TOKEN"] == CANARY_SECRET + "-token"
+    assert CANARY_SECRET not in repr(settings) and CANARY_SECRET not in repr(s3)
+
+
 def test_a_local_root_needs_no_credentials(tmp_path: Path) -> None:
     settings = ConnectionSettings.from_connection(_conn("generic", extra={"root": str(tmp_path)}))
     assert settings.root == str(tmp_path) and settings.secrets == ()
@@ -106,6 +121,10 @@ def test_a_local_root_needs_no_credentials(tmp_path: Path) -> None:
         (_conn(password=CANARY_SECRET, extra={"root": "gs://b/p"}), "neither s3://bucket"),
         (_conn(password=CANARY_SECRET, extra={"allow_http": "maybe"}), "extra.allow_http is"),
         (_conn(password=CANARY_SECRET, extra="[1, 2]"), "extra is not a JSON object"),
+        (
+            _conn(password=CANARY_SECRET, extra={"root": "s3://b", "role_arn": "streaming"}),
+            "extra.role_arn 'streaming' is not a role ARN; expected arn:aws:iam::",
+        ),
     ],
 )
 def test_a_bad_connection_names_the_field_and_the_fix_never_the_secret(

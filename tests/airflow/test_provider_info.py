@@ -68,8 +68,8 @@ print(json.dumps({
 
 def test_the_connection_form_has_real_fields(tmp_path: Path) -> None:
     """What Airflow's UI gets for the connection form (its own API service, in a fresh
-    interpreter): root, region and allow_http as fields, host relabelled, schema and
-    port hidden; no raw JSON to type."""
+    interpreter): root, region, role ARN and allow_http as fields, host relabelled,
+    schema and port hidden; no raw JSON to type."""
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", FORM], env=env, capture_output=True, text=True, timeout=300
@@ -78,7 +78,8 @@ def test_the_connection_form_has_real_fields(tmp_path: Path) -> None:
     form = json.loads(done.stdout.strip().splitlines()[-1])
     assert form["name"] == "Streamkeeper"
     extra = form["extra"]
-    assert sorted(extra) == ["allow_http", "region", "root"]
+    assert sorted(extra) == ["allow_http", "region", "role_arn", "root"]
+    assert extra["role_arn"]["schema"]["title"] == "Role ARN"
     assert extra["root"]["schema"]["title"] == "Storage root"
     assert extra["region"]["value"] == "us-east-1"
     assert extra["allow_http"]["schema"]["type"] == ["boolean", "null"]
@@ -113,4 +114,31 @@ def test_the_root_field_accepts_what_the_connection_parser_accepts(root: str, va
         assert ConnectionSettings.from_connection(conn).root  # type: ignore[arg-type]
     else:
         with pytest.raises(ConnectionConfigError):
+            ConnectionSettings.from_connection(conn)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("role", "valid"),
+    [
+        ("arn:aws:iam::123456789012:role/streaming", True),
+        ("arn:aws-us-gov:iam::123456789012:role/a/b/c-d_e", True),
+        ("", True),
+        ("streaming", False),
+        ("arn:aws:iam::123456789012:user/alice", False),
+        ("arn:aws:iam::1234:role/short-account", False),
+    ],
+)
+def test_the_role_field_accepts_what_the_connection_parser_accepts(role: str, valid: bool) -> None:
+    from streamkeeper_airflow.connection import ConnectionSettings
+    from streamkeeper_airflow.connection_form import CONN_FIELDS
+
+    assert bool(re.fullmatch(CONN_FIELDS["role_arn"]["schema"]["pattern"], role)) is valid
+    conn = SimpleNamespace(
+        conn_id="sk", conn_type="streamkeeper", host=None, port=None, login=None,
+        password=None, extra_dejson={"root": "s3://lake", "role_arn": role},
+    )  # fmt: skip
+    if valid:
+        assert ConnectionSettings.from_connection(conn).role_arn == (role or None)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(ConnectionConfigError, match="is not a role ARN"):
             ConnectionSettings.from_connection(conn)  # type: ignore[arg-type]

@@ -88,6 +88,7 @@ _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PARTITION_BYTES = 128 * 1024 * 1024  # files per Spark task, by size
 # Storage settings travel as options; Spark redacts keys matching secret|access.?key.
 _S3_KEYS = ("s3.endpoint", "s3.region", "s3.allowHttp", "s3.accessKey", "s3.secretKey")
+_S3_KEYS += ("s3.sessionToken", "s3.roleArn")
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,8 @@ class DeltaConfig:
                 access_key=given.get("s3.accesskey") or None,
                 secret_key=given.get("s3.secretkey") or None,
                 allow_http=given.get("s3.allowhttp") == "true",
+                session_token=given.get("s3.sessiontoken") or None,
+                role_arn=given.get("s3.rolearn") or None,
             )
         starting = _int_option(given, "startingVersion", minimum=0)
         stable_job, stable_root = _stable_options(given)
@@ -177,6 +180,8 @@ def location_options(location: Location) -> dict[str, str]:
             ("s3.endpoint", s3.endpoint_url),
             ("s3.accessKey", s3.access_key),
             ("s3.secretKey", s3.secret_key),
+            ("s3.sessionToken", s3.session_token),
+            ("s3.roleArn", s3.role_arn),
         ):
             if value:
                 options[key] = value

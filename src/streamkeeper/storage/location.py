@@ -16,12 +16,16 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from streamkeeper.errors import StorageError
+from streamkeeper.storage.credentials import signing_credentials
 
 if TYPE_CHECKING:
     import pyarrow.fs
 
     from streamkeeper.spec import StorageSpec
     from streamkeeper.storage.objects import ObjectStore
+
+
+ROLE_ARN_VARIABLE = "STREAMKEEPER_S3_ROLE_ARN"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,12 @@ class S3Settings:
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     allow_http: bool = False
+    session_token: str | None = field(default=None, repr=False)
+    # A role assumed with the credentials above (credentials.py); STREAMKEEPER_S3_ROLE_ARN
+    # in a driver's environment (AWS_ROLE_ARN is the default chain's web identity).
+    role_arn: str | None = None
+    role_session_name: str = "streamkeeper"
+    role_duration_seconds: int | None = None  # None: the role's own (STS: an hour)
 
     @classmethod
     def from_env(cls, spec: StorageSpec | None = None) -> S3Settings:
@@ -50,6 +60,8 @@ class S3Settings:
             access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
             secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
             allow_http=allow_http,
+            session_token=os.environ.get("AWS_SESSION_TOKEN") or None,
+            role_arn=os.environ.get(ROLE_ARN_VARIABLE) or None,
         )
 
 
@@ -90,10 +102,14 @@ class Location:
         options = {"AWS_REGION": self.s3.region, "AWS_ALLOW_HTTP": str(self.s3.allow_http).lower()}
         if self.s3.endpoint_url:
             options["AWS_ENDPOINT_URL"] = self.s3.endpoint_url
-        if self.s3.access_key:
-            options["AWS_ACCESS_KEY_ID"] = self.s3.access_key
-        if self.s3.secret_key:
-            options["AWS_SECRET_ACCESS_KEY"] = self.s3.secret_key
+        access_key, secret_key, token = signing_credentials(self.s3)
+        for name, value in (
+            ("AWS_ACCESS_KEY_ID", access_key),
+            ("AWS_SECRET_ACCESS_KEY", secret_key),
+            ("AWS_SESSION_TOKEN", token),
+        ):
+            if value:
+                options[name] = value
         # Concurrent writers are made safe by S3 conditional puts (If-None-Match).
         options["AWS_S3_LOCKING_PROVIDER"] = "none"
         options["AWS_CONDITIONAL_PUT"] = "etag"
@@ -107,9 +123,11 @@ class Location:
             return pafs.LocalFileSystem()
         s3 = self.s3 or S3Settings()
         endpoint = urlparse(s3.endpoint_url) if s3.endpoint_url else None
+        access_key, secret_key, token = signing_credentials(s3)
         return pafs.S3FileSystem(
-            access_key=s3.access_key,
-            secret_key=s3.secret_key,
+            access_key=access_key,
+            secret_key=secret_key,
+            session_token=token,
             region=s3.region,
             endpoint_override=endpoint.netloc if endpoint else None,
             scheme=endpoint.scheme if endpoint else "https",

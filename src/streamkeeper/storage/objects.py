@@ -249,6 +249,8 @@ class S3Store(ObjectStore):
         import boto3
         from botocore.config import Config
 
+        from streamkeeper.storage.credentials import botocore_session
+
         s3 = location.s3 or S3Settings()
         # A probe must answer in seconds (it retries transient errors itself, see probe.py);
         # data-path calls ride out short outages.
@@ -256,12 +258,11 @@ class S3Store(ObjectStore):
         self.location = location
         self.bucket = location.bucket
         self.prefix = location.key_prefix
-        self.client = boto3.client(
+        session = boto3.Session(botocore_session=botocore_session(s3))
+        self.client = session.client(
             "s3",
             endpoint_url=s3.endpoint_url,
             region_name=s3.region,
-            aws_access_key_id=s3.access_key,
-            aws_secret_access_key=s3.secret_key,
             config=Config(
                 connect_timeout=2 if fail_fast else 5,
                 read_timeout=3 if fail_fast else 30,

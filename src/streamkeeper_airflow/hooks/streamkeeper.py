@@ -159,9 +159,9 @@ class StreamkeeperHook(BaseHook):
     # -- Airflow UI ----------------------------------------------------------------------
 
     def test_connection(self) -> tuple[bool, str]:
-        """What the UI's Test button runs, and says it checked: the connection parses, a
-        small object is written and deleted below the root (what a driver's start-up
-        probe does), and the jobs below it are listed."""
+        """What the UI's Test button runs, and says it checked: the connection parses, its
+        role (if any) is assumed, a small object is written and deleted below the root
+        (what a driver's start-up probe does), and the jobs below it are listed."""
         from streamkeeper.storage.probe import probe
 
         checked: list[str] = []
@@ -171,6 +171,11 @@ class StreamkeeperHook(BaseHook):
                     "AWS" if self.root.startswith("s3://") else ""
                 )
                 checked.append(f"root {self.root}" + (f" at {where}" if where else ""))
+                if self.settings.role_arn:
+                    from streamkeeper.storage.credentials import signing_credentials
+
+                    signing_credentials(self.client.location.s3)
+                    checked.append(f"assumed role {self.settings.role_arn}")
                 probe(self.client.location)
                 checked.append("write and delete below it: ok")
                 jobs = self.client.jobs()

@@ -135,6 +135,7 @@ def start_seaweedfs(
     secret_key: str,
     port: int | None = None,
     timeout: float = 60.0,
+    iam_config: Path | None = None,
 ) -> SeaweedFS:
     """Start SeaweedFS (``weed mini``) with an authenticated S3 gateway.
 
@@ -151,6 +152,8 @@ def start_seaweedfs(
         port: S3 port; by default a free block of ports is picked (and a
             start that loses a port race is retried with another block).
         timeout: Seconds to wait for the bucket to be reachable.
+        iam_config: An advanced IAM config (roles, policies, the STS signing key): the
+            S3 port then also answers STS AssumeRole for those roles.
 
     Returns:
         The running server; call ``stop()`` when done.
@@ -167,6 +170,8 @@ def start_seaweedfs(
         AWS_SECRET_ACCESS_KEY=secret_key,
         WEED_BIN=find_executable("weed"),
     )
+    if iam_config is not None:
+        env["SEAWEED_IAM_CONFIG"] = str(Path(iam_config).resolve())
 
     def launch(s3_port: int) -> SeaweedFS:
         if not 1024 <= s3_port <= _SEAWEED_MAX_PORT:
