@@ -1,4 +1,5 @@
-"""The sensors' modes: deferrable by default, poke on request, never reschedule."""
+"""The sensors' modes: deferrable as `[operators] default_deferrable` says, or as asked;
+poke on request; never reschedule."""
 
 from __future__ import annotations
 
@@ -22,6 +23,24 @@ def test_reschedule_mode_is_refused_with_the_fix(sensor: type, extra: dict) -> N
 
 
 def test_deferrable_and_poke_sensors_are_built() -> None:
-    deferred = CheckpointProgressSensor(task_id="a", job="orders")
+    deferred = CheckpointProgressSensor(task_id="a", job="orders", deferrable=True)
     poking = CheckpointProgressSensor(task_id="b", job="orders", deferrable=False, mode="poke")
     assert deferred.deferrable and not poking.deferrable and poking.mode == "poke"
+
+
+@pytest.mark.parametrize("configured", ["true", "false"])
+def test_the_default_is_the_deployments_default_deferrable(
+    configured: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", configured)
+    for sensor in (
+        CheckpointProgressSensor(task_id="a", job="orders"),
+        JobHealthySensor(task_id="b", job="orders", probation=60),
+        CommandResultSensor(task_id="c", job="orders", command_id="c-1"),
+    ):
+        assert sensor.deferrable is (configured == "true"), type(sensor).__name__
+
+
+def test_without_the_setting_airflows_default_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
+    assert not CheckpointProgressSensor(task_id="a", job="orders").deferrable

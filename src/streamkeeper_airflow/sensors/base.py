@@ -1,8 +1,11 @@
 """What the streamkeeper sensors share: defer to a trigger, or poke with its `check`.
 
-Deferrable by default (the worker slot is free while waiting). With deferrable=False
-the sensor pokes in its worker with the very check the trigger runs; the arguments
-computed at the start (baseline, start time) are computed once per task try.
+`deferrable` defaults to `[operators] default_deferrable`, as every Airflow provider's
+sensors do (Airflow's own default is false: set it to true, or pass deferrable=True, to
+free the worker slot while waiting; the DAGs the factory generates wait in operators,
+which always defer). With deferrable=False the sensor pokes in its worker with the very
+check the trigger runs; the arguments computed at the start (baseline, start time) are
+computed once per task try.
 
 Reschedule mode is refused: each reschedule runs `execute` again, so a baseline taken
 "when the task starts" would move to the job's head every time and the wait would never
@@ -29,6 +32,13 @@ if TYPE_CHECKING:
     from streamkeeper_airflow.triggers.base import ControlPlaneTrigger
 
 
+def default_deferrable() -> bool:
+    """`[operators] default_deferrable` (false unless the deployment sets it)."""
+    from airflow.sdk import conf
+
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
 class ControlPlaneSensor(BaseSensorOperator):
     """Base of the sensors: subclasses build their trigger in `make_trigger`."""
 
@@ -40,17 +50,19 @@ class ControlPlaneSensor(BaseSensorOperator):
         job: str,
         conn_id: str = DEFAULT_CONN_ID,
         root: str | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poke_interval: float = 5.0,
         timeout: float = 900.0,
         **kwargs: Any,
     ) -> None:
+        if deferrable is None:
+            deferrable = default_deferrable()
         if kwargs.get("mode") == "reschedule" and not deferrable:
             raise ValueError(
                 f"{type(self).__name__} {kwargs.get('task_id')!r}: mode='reschedule' is not "
                 "supported (every reschedule would start counting again from the job's "
-                "current head); use deferrable=True, the default, which frees the worker "
-                "slot too, or mode='poke'"
+                "current head); use deferrable=True, which frees the worker slot too, or "
+                "mode='poke'"
             )
         super().__init__(poke_interval=poke_interval, timeout=timeout, **kwargs)
         self.job = job
