@@ -64,7 +64,23 @@ def main() -> int:
     for dag_id, (outcome, seconds) in timings.items():
         print(f"{dag_id:<24} {outcome:<8} {seconds:12.1f} s")
     print(f"upgrade gap in live output: {upgrade.handover.get('gap_s', '?')} s")
+    print(f"\n{job}.upgrade by task (the validate task loads Great Expectations):")
+    for task_id, seconds in _task_durations(state, f"{job}.upgrade"):
+        print(f"  {task_id:<14} {seconds:8.1f} s")
     return 0 if all(outcome == "success" for outcome, _ in timings.values()) else 1
+
+
+def _task_durations(state: Path, dag_id: str) -> list[tuple[str, float]]:
+    """Each task's run time in the DAG's latest run, from Airflow's metadata DB."""
+    import sqlite3
+
+    with sqlite3.connect(state / "airflow" / "airflow.db") as db:
+        return db.execute(
+            "SELECT task_id, duration FROM task_instance WHERE dag_id = ? AND run_id = "
+            "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1) "
+            "AND duration IS NOT NULL ORDER BY start_date",
+            (dag_id, dag_id),
+        ).fetchall()
 
 
 if __name__ == "__main__":

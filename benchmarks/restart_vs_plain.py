@@ -1,0 +1,149 @@
+"""Restart after a SIGKILL: streamkeeper's driver against plain PySpark, the same query
+from its own checkpoint, alternated in one run.
+
+Each side runs the sample job's query (keyed-totals over JSON files, 1 s trigger) on
+local storage from its own checkpoint: streamkeeper's driver (`streamkeeper run`: WAL,
+fence, commit protocol, Delta tables) and `plain_query.py` (the same query, source,
+transform and session settings, Parquet appended by foreachBatch). Each round, for each
+side in turn: SIGKILL the driver, add one events file, start it again, and time from the
+process's start to its first new committed batch (streamkeeper: the commit's time in
+the job's head marker; plain: the mtime of Spark's new `commits/N`). Medians, and their
+ratio (target: at most 1.1, issue 26).
+
+    .venv/bin/python benchmarks/restart_vs_plain.py [--rounds 5]
+
+`infra/driver_jvm.sh`'s class-data archive is used by both sides when its variables are
+set (the tests' setting); without, both run with the JVM's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO)]
+
+from benchmarks.loadgen import driver_command, driver_env, machine  # noqa: E402
+from jobs.keyed_totals.sample_events import write_event_files  # noqa: E402
+from streamkeeper.client import StreamkeeperClient  # noqa: E402
+
+JOB = "keyed-totals"
+EVENTS_PER_FILE = 2_000
+
+
+class Side:
+    """One driver process and how to tell its newest committed batch."""
+
+    def __init__(self, name: str, work: Path) -> None:
+        self.name, self.work = name, work
+        self.events = work / "events"
+        self.process: subprocess.Popen | None = None
+        self.files = 0
+        self.lives = 0
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def committed_after(self, started: float) -> float | None:
+        """Seconds from `started` to a batch committed after it, or None yet."""
+        raise NotImplementedError
+
+    def add_file(self) -> None:
+        write_event_files(
+            self.events, files=1, events_per_file=EVENTS_PER_FILE, first_file=self.files
+        )
+        self.files += 1
+
+    def start(self) -> float:
+        log = open(self.work / f"driver-{self.lives}.log", "ab")  # noqa: SIM115
+        self.lives += 1
+        started = time.time()
+        self.process = subprocess.Popen(
+            self.argv(), cwd=self.work, env=driver_env(), stdout=log, stderr=log
+        )
+        return started
+
+    def first_commit(self, started: float, timeout: float = 300) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise SystemExit(f"{self.name} exited ({self.process.returncode}): {self.work}")
+            seconds = self.committed_after(started)
+            if seconds is not None:
+                return seconds
+            time.sleep(0.05)
+        raise SystemExit(f"{self.name}: no commit within {timeout} s; see {self.work}")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+
+class Streamkeeper(Side):
+    def argv(self) -> list[str]:
+        return driver_command(self.work / "data", self.work / "checkpoint", self.events, "1s")
+
+    def committed_after(self, started: float) -> float | None:
+        try:
+            head = StreamkeeperClient(str(self.work / "data")).status(JOB).head
+        except Exception:  # noqa: BLE001 - not registered yet
+            return None
+        if head is None or (head.committed_at or 0) <= started:
+            return None
+        return float(head.committed_at) - started
+
+
+class Plain(Side):
+    def argv(self) -> list[str]:
+        script = Path(__file__).with_name("plain_query.py")
+        return [sys.executable, str(script), str(self.events), str(self.work / "checkpoint"),
+                str(self.work / "output")]  # fmt: skip
+
+    def committed_after(self, started: float) -> float | None:
+        commits = self.work / "checkpoint" / "commits"
+        times = [p.stat().st_mtime for p in commits.glob("[0-9]*")] if commits.exists() else []
+        newer = [t for t in times if t > started]
+        return min(newer) - started if newer else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    place = Path(tempfile.mkdtemp(prefix="sk-restart-"))
+    sides = [Streamkeeper("streamkeeper", place / "ours"), Plain("plain", place / "plain")]
+    for side in sides:
+        side.work.mkdir(parents=True)
+        side.add_file()
+        side.first_commit(side.start())  # the first start (its JIT, the empty state) aside
+    times: dict[str, list[float]] = {side.name: [] for side in sides}
+    try:
+        for round_ in range(args.rounds):
+            for side in sides if round_ % 2 == 0 else reversed(sides):
+                side.kill()
+                side.add_file()
+                seconds = side.first_commit(side.start())
+                times[side.name].append(seconds)
+                print(f"round {round_ + 1} {side.name:<13} {seconds:6.2f} s", flush=True)
+    finally:
+        for side in sides:
+            if side.process is not None and side.process.poll() is None:
+                side.kill()
+    print(f"\n{machine()}; {args.rounds} rounds; work in {place}")
+    ours, plain = (statistics.median(times[s.name]) for s in sides)
+    print(f"restart to first new commit, median: streamkeeper {ours:.2f} s, plain {plain:.2f} s")
+    print(f"ratio streamkeeper / plain: {ours / plain:.2f} (target <= 1.1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
