@@ -155,7 +155,7 @@ print(json.dumps(out))
     assert start["type"] == "StartJobOperator"
     assert {"start_from", "checkpoint_id", "overrides", "takeover"} <= set(start["template_fields"])
     assert out["start_from"] == "{{ params.start_from }}" and out["job"] == "keyed-totals"
-    assert out["links"] == ["Spark UI", "Streaming job"]  # what the API server shows
+    assert out["links"] == ["Driver log", "Spark UI", "Streaming job"]  # what the API shows
     monitor = out["keyed-totals.monitor"]
     assert monitor["check"]["type"] == "JobHealthOperator"
     assert monitor["restart"]["type"] == "RestartJobOperator" and monitor["restart"]["teardown"]
