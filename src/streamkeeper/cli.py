@@ -14,9 +14,10 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -31,6 +32,9 @@ from streamkeeper.errors import (
     UnusableRootError,
 )
 from streamkeeper.spec import UID_PATTERN, JobSpec, load_spec
+
+if TYPE_CHECKING:
+    from streamkeeper.lineage.driver_beat import DriverBeat
 
 EXIT_FAILED = 1  # a run failed, or `status --check` found the job unhealthy
 EXIT_BAD_INPUT = 2  # a bad spec, option, job name or root
@@ -171,7 +175,7 @@ def run(
     from streamkeeper.runtime.runner import RunOptions, main_guard, run_job
 
     main_guard()
-    with RunProgress() as progress:  # drawn on a terminal only
+    with _driver_beat(spec, run_token) as beat, RunProgress() as progress:
         options = RunOptions(
             master=master,
             available_now=available_now,
@@ -185,6 +189,7 @@ def run(
             allow_fresh_start=allow_fresh_start,
             uid_mapping=mapping,
             allow_non_restored_state=allow_non_restored_state,
+            on_heartbeat=None if beat is None else beat.hand_over,
         )
         try:
             result = run_job(spec, options)
@@ -194,11 +199,9 @@ def run(
             UnusableRootError,
             UnsafePathError,
         ) as error:
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
+            _fail(beat, error, EXIT_BAD_INPUT)
         except StreamkeeperError as error:
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(EXIT_FAILED) from None
+            _fail(beat, error, EXIT_FAILED)
         progress.finish(result.batches)
     typer.echo(
         json.dumps(
@@ -216,6 +219,41 @@ def run(
             }
         )
     )
+
+
+@contextmanager
+def _driver_beat(spec: JobSpec, run_token: str | None) -> Iterator[DriverBeat | None]:
+    """Beat `drivers/{token}.json` while this driver runs (lineage/driver_beat.py): how a
+    starter on any host knows it is alive before, and ended after, its heartbeat."""
+    if run_token is None:
+        yield None
+        return
+    from streamkeeper.lineage.driver_beat import DriverBeat
+    from streamkeeper.storage import Location, S3Settings, resolve_root
+
+    try:
+        store = Location(resolve_root(spec.storage.root), S3Settings.from_env(spec.storage)).store()
+    except StreamkeeperError:
+        yield None  # the run refuses the root itself, with the error a user can act on
+        return
+    beat = DriverBeat(store, run_token, spec.name).start()
+    try:
+        yield beat
+    except typer.Exit as done:
+        beat.close(int(done.exit_code or 0), beat.error)
+        raise
+    except BaseException as error:  # noqa: BLE001 - recorded, then raised as it was
+        beat.close(EXIT_FAILED, f"{type(error).__name__}: {error}")
+        raise
+    beat.close(0)
+
+
+def _fail(beat: DriverBeat | None, error: StreamkeeperError, code: int) -> NoReturn:
+    """Print a run's error, say it in the driver's beat, and exit with `code`."""
+    typer.echo(f"error: {error}", err=True)
+    if beat is not None:
+        beat.error = f"{type(error).__name__}: {error}"
+    raise typer.Exit(code) from None
 
 
 def _uid_mapping(items: list[str] | None) -> dict[str, str]:
@@ -679,11 +717,13 @@ def upgrade_green(
 
     main_guard()
     options = GreenOptions(upgrade_id, spec_path.parent, run_token=run_token, master=master)
-    try:
-        result = run_green(spec, options)
-    except StreamkeeperError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(EXIT_FAILED) from None
+    # Green beats for its whole life: it runs as the shadow job before it runs as the job,
+    # and the handover task follows it by this beat, not by either heartbeat's host.
+    with _driver_beat(spec, run_token) as beat:
+        try:
+            result = run_green(spec, options)
+        except StreamkeeperError as error:
+            _fail(beat, error, EXIT_FAILED)
     live = None if result is None else {"batches": result.batches, "seq": result.last_committed_seq}
     typer.echo(json.dumps({"job": spec.name, "upgrade": upgrade_id, "live": live}))
 

@@ -91,13 +91,38 @@ def get_provider_info() -> dict[str, Any]:
                         "launchers start (relative spec paths resolve there).",
                         "/var/lib/streamkeeper",
                     ),
-                    "alert_sink": _option(
-                        "Where alerts go besides the task log: an absolute path or file:// "
-                        "URL (JSON lines) or an http(s):// URL (webhook). Sensitive (a "
-                        "webhook URL often carries its token): alert_sink_secret and "
-                        "alert_sink_cmd work too.",
-                        "/var/log/streamkeeper/alerts.jsonl",
+                    "alert_notifiers": _option(
+                        "Airflow notifiers alerts go to besides the task log, as JSON: a "
+                        "list of import paths of airflow.sdk.BaseNotifier subclasses or of "
+                        '{"class": path, "kwargs": {...}} objects; each is called with the '
+                        "task's context plus `alert`. Only this setting may name a class "
+                        "(it is code to run). Sensitive (arguments may hold a secret): "
+                        "alert_notifiers_secret and alert_notifiers_cmd work too.",
+                        '[{"class": "airflow.providers.slack.notifications.slack.'
+                        'SlackNotifier", "kwargs": {"slack_conn_id": "slack", "channel": '
+                        '"#streaming", "text": "{{ alert.job }}: {{ alert.message }}"}}]',
                         sensitive=True,
+                    ),
+                    "alert_sink": _option(
+                        "Where alerts go besides the task log and alert_notifiers: an "
+                        "http(s):// URL (webhook) or, on a single machine only, an absolute "
+                        "path or file:// URL (JSON lines, on the host of the task). "
+                        "Sensitive (a webhook URL often carries its token): "
+                        "alert_sink_secret and alert_sink_cmd work too.",
+                        "https://hooks.example/alerts",
+                        sensitive=True,
+                    ),
+                    "first_beat_grace": _option(
+                        "Seconds a launched driver may take to beat first (its own beat in "
+                        "the control plane) before a start or a wait concludes it never "
+                        "started; raise it for pods that pull images.",
+                        "180",
+                    ),
+                    "kubernetes_options": _option(
+                        "JSON object of default options of the kubernetes launcher "
+                        "(docs/deploying-kubernetes.md); a spec's launcher_options win.",
+                        '{"namespace": "streaming", "image": "registry/streamkeeper:0.1.0", '
+                        '"service_account": "spark"}',
                     ),
                     "trigger_overrides": _option(
                         "Comma-separated override keys (patterns) a DAG run's Params may "

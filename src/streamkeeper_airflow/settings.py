@@ -3,7 +3,9 @@
     [streamkeeper]
     jobs_folder = /opt/jobs        # job specs (*/job.yaml) the DAGs are generated from
     workdir = /var/lib/streamkeeper  # drivers' working directory (relative spec paths)
-    alert_sink = /var/log/streamkeeper/alerts.jsonl   # or https://hooks.example/alerts
+    alert_notifiers = [{"class": "airflow.providers.smtp.notifications.smtp.SmtpNotifier",
+        "kwargs": {"to": "oncall@example.com"}}]      # Airflow notifiers alerts go to
+    alert_sink = https://hooks.example/alerts       # or a file (one machine only)
     trigger_overrides = source.path, sinks.*.mode   # override keys a trigger may set too
     spark_masters = spark://gateway:7077            # masters a trigger may pick too
     driver_env = NATS_CREDS, MYCOMPANY_*            # worker variables the driver gets too
@@ -13,7 +15,9 @@
 
 Each is also an environment variable (AIRFLOW__STREAMKEEPER__WORKDIR, ...), as any
 Airflow option is; all are declared in the provider's config (provider.py), and
-`alert_sink` is sensitive, so `alert_sink_cmd` and `alert_sink_secret` work too.
+`alert_sink` and `alert_notifiers` are sensitive, so `..._cmd` and `..._secret` work too.
+`alert_notifiers` names notifier classes by import path (code to run): as every option
+here, only the deployment sets it (notifications/alerts.py has its form).
 """
 
 from __future__ import annotations
@@ -44,8 +48,29 @@ def workdir() -> str:
     return str(Path(option("workdir") or os.getcwd()).resolve())
 
 
+def first_beat_grace() -> float:
+    """How long a launched driver may take to beat first (lineage/driver_beat.py) before
+    a start or a trigger concludes it never started: `[streamkeeper] first_beat_grace`
+    seconds (180 covers spark-submit through SSH; raise it for pods that pull images)."""
+    value = option("first_beat_grace") or "180"
+    try:
+        grace = float(value)
+    except ValueError:
+        raise ValueError(
+            f"[streamkeeper] first_beat_grace = {value!r} is not a number of seconds; set e.g. 180"
+        ) from None
+    if grace <= 0:
+        raise ValueError(f"[streamkeeper] first_beat_grace = {value!r} must be above 0; e.g. 180")
+    return grace
+
+
 def alert_sink() -> str | None:
     return option("alert_sink")
+
+
+def alert_notifiers() -> str | None:
+    """Airflow notifiers alerts go to, as JSON (parsed by notifications/alerts.py)."""
+    return option("alert_notifiers")
 
 
 def option_list(key: str) -> tuple[str, ...]:

@@ -12,12 +12,15 @@ decides from three observations (`plan_start`, pure):
 1. a live runner (heartbeat STARTING/RUNNING, not lost): ours by run token -> attach;
    another's -> attach if the start only asks the job to run ("resume"), else refuse
    (a restore must not run beside a live runner) unless `takeover`;
-2. a launch still pending (its driver has not beaten yet; its process alive on this
-   host, or launched less than `PENDING_GRACE` ago elsewhere): the same choice;
+2. a launch still pending (its driver beats `drivers/{token}.json` as booting, or was
+   launched less than `first_beat_grace` ago and has not beaten yet): the same choice;
 3. otherwise -> launch, after claiming the record.
 
 The run token is recorded by the runner in its heartbeat (`run --run-token`), so a
-start recognises its own driver wherever it runs. The lineage's fence (a second live
+start recognises its own driver wherever it runs. Whether a driver is alive is read
+from the control plane only (its heartbeat, its own beat, the launch record), never
+from a pid or a hostname, which say nothing on another host (a gateway, a pod) and do
+not even tell network namespaces or containers apart. The lineage's fence (a second live
 runner without --takeover fails) stays the last line of defence, not the mechanism.
 """
 
@@ -29,8 +32,9 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from streamkeeper.lineage.driver_beat import BeatReading, beat_key, read_beat
+from streamkeeper_airflow import settings
 from streamkeeper_airflow.errors import StartRefusedError
-from streamkeeper_airflow.launchers.base import process_alive
 
 if TYPE_CHECKING:
     from streamkeeper.client import StatusReport
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 
 StartFrom = Literal["resume", "latest_checkpoint", "checkpoint", "savepoint"]
 START_FROM: tuple[str, ...] = ("resume", "latest_checkpoint", "checkpoint", "savepoint")
-PENDING_GRACE = 900.0  # a launch on another host counts as pending this long without a beat
+NO_BEAT = read_beat(None, 0.0)
 _LIVE = ("STARTING", "RUNNING")
 
 
@@ -105,14 +109,19 @@ def runner_live(report: StatusReport | None) -> bool:
 
 
 def driver_gone(
-    report: StatusReport | None, record: LaunchRecord | None, token: str, host: str
+    report: StatusReport | None,
+    record: LaunchRecord | None,
+    token: str,
+    beat: BeatReading,
+    now: float,
+    grace: float | None = None,
 ) -> str | None:
     """Why the driver of run `token` is known to have ended, or None if it may be alive.
 
     Its heartbeat tells once it beats as the job (ended, or lost). Before that, e.g. while
-    it restores a savepoint (a restore takes no epoch and writes no heartbeat), only its
-    process can: known on the host that launched it (`record`, the launch of `token`);
-    launched elsewhere, nothing is known yet.
+    it restores a savepoint (a restore takes no epoch and writes no heartbeat), its own
+    beat does (`beat`: exited, or stale), or its absence `grace` seconds after the
+    launch of `token` (`record`): the driver never started.
     """
     runner = None if report is None else report.runner
     if runner is not None and runner.run_token == token:
@@ -120,30 +129,43 @@ def driver_gone(
             return None
         assert report is not None
         return f"its heartbeat says {runner.state} (job {report.state})"
-    if record is None or record.token != token:
-        return None
-    if record.state == "failed":
+    if record is not None and record.token == token and record.state == "failed":
         return f"its launch failed: {record.error}"
-    if record.host == host and record.pid is not None:
-        if not process_alive(record.pid, record.process_started_at):
-            return f"its process (pid {record.pid} on {host}) exited before it beat as the job"
+    if beat.ended:
+        return beat.describe()
+    if beat.state == "none" and record is not None and record.token == token:
+        waited = now - (record.launched_at or record.requested_at)
+        if record.state == "launched" and waited > _grace(grace):
+            return (
+                f"its driver never beat in the {waited:.0f}s since its launch "
+                f"({record.launcher} on {record.host}); see its log {record.log}"
+            )
     return None
 
 
 def launch_pending(
-    record: LaunchRecord | None, report: StatusReport | None, now: float, host: str
+    record: LaunchRecord | None,
+    report: StatusReport | None,
+    beat: BeatReading,
+    now: float,
+    grace: float | None = None,
 ) -> bool:
-    """Has the record's driver been launched (or being launched) but not beaten yet?"""
+    """Has the record's driver been launched (or being launched) but not beaten as the
+    job yet, and may it still?"""
     if record is None or record.state == "failed":
         return False
     runner = None if report is None else report.runner
     if runner is not None and runner.run_token == record.token:
         if (runner.epoch or 0) > record.after_epoch:
             return False  # it beat: live (seen as a runner) or ended
-    if record.host == host and record.pid is not None:
-        return process_alive(record.pid, record.process_started_at)
+    if beat.state != "none":
+        return beat.state == "booting"  # handed over: only its heartbeat tells now
     since = record.launched_at or record.requested_at
-    return now - since < PENDING_GRACE
+    return now - since < _grace(grace)
+
+
+def _grace(grace: float | None) -> float:
+    return settings.first_beat_grace() if grace is None else grace
 
 
 def plan_start(
@@ -154,10 +176,11 @@ def plan_start(
     report: StatusReport | None,
     record: LaunchRecord | None,
     now: float,
-    host: str | None = None,
+    beat: BeatReading = NO_BEAT,
+    grace: float | None = None,
 ) -> StartPlan:
-    """Decide a start from the job's status and its latest launch record (see module doc)."""
-    host = host or socket.gethostname()
+    """Decide a start from the job's status, its latest launch record and the beat of
+    that launch's driver (see module doc)."""
     head = -1 if report is None or report.head is None else report.head.seq
     if runner_live(report):
         assert report is not None and report.runner is not None
@@ -181,7 +204,7 @@ def plan_start(
                 f"{runner.host}, run token {runner.run_token}); a start from {start_from} "
                 "would restore beside it: stop it first, or pass takeover to fence it",
             )
-    elif record is not None and launch_pending(record, report, now, host):
+    elif record is not None and launch_pending(record, report, beat, now, grace):
         ours = record.token == token
         if ours or (start_from == "resume" and not takeover):
             return StartPlan(
@@ -243,13 +266,18 @@ def start_job(
     for _ in range(attempts):
         current, version = store.read_versioned(key)
         record = None if current is None else LaunchRecord.from_json(current)
+        now = time.time()
+        beat = (
+            NO_BEAT if record is None else read_beat(store.read_json(beat_key(record.token)), now)
+        )
         plan = plan_start(
             token=request.run_token,
             start_from=start_from,
             takeover=request.takeover,
             report=status(request.job),
             record=record,
-            now=time.time(),
+            now=now,
+            beat=beat,
         )
         if plan.action == "refuse":
             raise StartRefusedError(plan.reason)
@@ -315,13 +343,15 @@ def _launch(
 
 
 def _driver(record: LaunchRecord) -> dict[str, Any] | None:
-    if record.pid is None:
+    if record.state != "launched":
         return None
     return {
         "pid": record.pid,
         "host": record.host,
         "process_started_at": record.process_started_at,
         "log": record.log,
+        "launched_at": record.launched_at or record.requested_at,
+        "launcher": record.launcher,
     }
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from streamkeeper.client import StatusReport
+from streamkeeper.lineage import driver_beat
+from streamkeeper.lineage.driver_beat import BEAT_STALE_AFTER, BeatReading, beat_key, read_beat
 from streamkeeper.observability.status import LineageHead, RunnerInfo
 from streamkeeper.storage import LocalStore
 from streamkeeper_airflow.errors import LaunchError, StartRefusedError
@@ -26,9 +28,11 @@ from streamkeeper_airflow.restarts import (
     healthy_again,
 )
 from streamkeeper_airflow.starts import (
+    NO_BEAT,
     LaunchRecord,
     driver_gone,
     latest_launch,
+    launch_key,
     plan_start,
     run_token_for,
     start_job,
@@ -64,12 +68,25 @@ def report(
     )
 
 
+# A fake driver: beats like a real one (lineage/driver_beat.py) and sleeps.
+BEATING_DRIVER = """
+import sys, time
+from pathlib import Path
+from streamkeeper.lineage.driver_beat import DriverBeat
+from streamkeeper.storage import LocalStore
+DriverBeat(LocalStore(Path(sys.argv[1])), sys.argv[2], sys.argv[3], interval=0.2).start()
+time.sleep(120)
+"""
+
+
 class Sleeper:
-    """A launcher whose 'driver' is a sleeping process (alive until the test kills it)."""
+    """A launcher whose 'driver' is a sleeping process that beats into `root` (alive
+    until the test kills it)."""
 
     name = "fake"
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, root: Path | None = None, fail: bool = False) -> None:
+        self.root = root
         self.launched: list[LaunchRequest] = []
         self.processes: list[subprocess.Popen[bytes]] = []
         self.fail = fail
@@ -78,7 +95,8 @@ class Sleeper:
     def launch(self, request: LaunchRequest) -> LaunchedDriver:
         if self.fail:
             raise LaunchError("no driver today")
-        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        argv = [sys.executable, "-c", BEATING_DRIVER, str(self.root), request.run_token, JOB]
+        process = subprocess.Popen(argv)
         with self.lock:
             self.launched.append(request)
             self.processes.append(process)
@@ -91,10 +109,21 @@ class Sleeper:
 
 
 @pytest.fixture
-def launcher() -> Any:
-    fake = Sleeper()
+def launcher(tmp_path: Path) -> Any:
+    fake = Sleeper(tmp_path)
     yield fake
     fake.kill_all()
+
+
+def beat_of(store: LocalStore, token: str, at: float | None = None) -> BeatReading:
+    return read_beat(store.read_json(beat_key(token)), time.time() if at is None else at)
+
+
+def wait_for_beat(store: LocalStore, token: str) -> None:
+    deadline = time.monotonic() + 30
+    while beat_of(store, token).state == "none":
+        assert time.monotonic() < deadline, f"the fake driver of {token} never beat"
+        time.sleep(0.05)
 
 
 def request(token: str, **fields: Any) -> LaunchRequest:
@@ -197,7 +226,7 @@ def test_racing_starters_launch_one_driver(tmp_path: Path, launcher: Sleeper) ->
 
 
 def test_a_dead_launch_or_a_failed_runner_is_launched_again(
-    tmp_path: Path, launcher: Sleeper
+    tmp_path: Path, launcher: Sleeper, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = LocalStore(tmp_path)
     first = start_job(
@@ -205,7 +234,17 @@ def test_a_dead_launch_or_a_failed_runner_is_launched_again(
         start_from="resume",
     )  # fmt: skip
     assert first.action == "launched"
-    launcher.kill_all()  # the driver died before its first heartbeat
+    wait_for_beat(store, "af-1")
+    # Killed before its first heartbeat: nothing but its beat going stale can tell (its
+    # host may be another). Staleness shortened so the test need not wait 30 s.
+    monkeypatch.setattr(driver_beat, "BEAT_STALE_AFTER", 1.0)
+    launcher.kill_all()
+    retry = start_job(
+        store=store, status=lambda job: None, request=request("af-1"), launcher=launcher,
+        start_from="resume",
+    )  # fmt: skip
+    assert retry.action == "attached" and len(launcher.launched) == 1  # beat still fresh
+    time.sleep(1.5)
     second = start_job(
         store=store, status=lambda job: None, request=request("af-1"), launcher=launcher,
         start_from="resume",
@@ -236,7 +275,7 @@ def test_a_failed_launch_is_recorded_so_the_retry_launches_at_once(tmp_path: Pat
     assert plan.action == "launch"
 
 
-def test_a_launch_pending_on_another_host_counts_until_its_grace_ends() -> None:
+def test_a_launch_that_never_beats_counts_as_pending_until_its_grace_ends() -> None:
     record = LaunchRecord(
         token="af-1", job=JOB, state="launched", requested_at=time.time() - 10,
         host="other-host", after_epoch=0, baseline_seq=-1, pid=99, launched_at=time.time() - 10,
@@ -247,30 +286,81 @@ def test_a_launch_pending_on_another_host_counts_until_its_grace_ends() -> None:
     assert late.action == "launch"
 
 
-def test_a_driver_is_known_gone_by_its_heartbeat_or_else_by_its_process_on_this_host(
+def test_a_driver_on_another_host_is_followed_attached_to_and_launched_again(
+    tmp_path: Path,
+) -> None:
+    """Only the control plane decides: a beat that names another host and a pid that
+    does not exist here is alive while it beats; stale or exited, it is gone."""
+    store, launcher = LocalStore(tmp_path), Sleeper(tmp_path)
+    record = LaunchRecord(
+        token="af-gw", job=JOB, state="launched", requested_at=time.time(), host="gateway-7",
+        after_epoch=0, baseline_seq=-1, launcher="ssh", pid=999_999_999,
+        launched_at=time.time(), log="gateway-7:/srv/logs/k.log",
+    )  # fmt: skip
+    store.write_json(launch_key(JOB), record.to_json())
+    beat = {"token": "af-gw", "job": JOB, "host": "gateway-7", "pid": 999_999_999}
+    store.write_json(beat_key("af-gw"), {**beat, "state": "booting", "time": time.time()})
+    never_ran = lambda job: None  # noqa: E731
+    attached = start_job(
+        store=store, status=never_ran, request=request("af-gw"), launcher=launcher,
+        start_from="resume",
+    )  # fmt: skip
+    assert attached.action == "attached" and attached.driver is not None
+    assert attached.driver["host"] == "gateway-7" and launcher.launched == []
+    now = time.time()
+    assert driver_gone(None, record, "af-gw", beat_of(store, "af-gw", now), now) is None
+    # Its runner beats as the job: followed by the heartbeat, whatever its host.
+    live = report(token="af-gw", epoch=1)
+    assert driver_gone(live, record, "af-gw", beat_of(store, "af-gw"), time.time()) is None
+    # The gateway is lost while the driver boots: the beat goes stale, the start relaunches.
+    later = time.time() + BEAT_STALE_AFTER + 1
+    gone = driver_gone(None, record, "af-gw", beat_of(store, "af-gw", later), later)
+    assert gone is not None and "stopped beating" in gone and "gateway-7" in gone
+    store.write_json(beat_key("af-gw"), {**beat, "state": "booting", "time": time.time() - 60})
+    relaunched = start_job(
+        store=store, status=never_ran, request=request("af-gw"), launcher=launcher,
+        start_from="resume",
+    )  # fmt: skip
+    assert relaunched.action == "launched" and len(launcher.launched) == 1
+    launcher.kill_all()
+
+
+def test_a_driver_is_known_gone_by_its_heartbeat_or_else_by_its_own_beat(
     tmp_path: Path, launcher: Sleeper
 ) -> None:
     """The handover's check on green (operators/upgrade.py): gone only when known gone."""
-    store, host = LocalStore(tmp_path), socket.gethostname()
+    store = LocalStore(tmp_path)
     start_job(
         store=store, status=lambda job: None, request=request("af-green"), launcher=launcher,
         start_from="resume",
     )  # fmt: skip
     launch = latest_launch(store, JOB)
+    wait_for_beat(store, "af-green")
     blue_stopped = report("STOPPED", "STOPPED", token="af-blue")
-    # Restoring its savepoint: no heartbeat of its own yet, and its process lives.
-    assert driver_gone(blue_stopped, launch, "af-green", host) is None
-    assert driver_gone(report(token="af-green"), launch, "af-green", host) is None  # beating
-    lost = driver_gone(report("FAILED", "RUNNING", token="af-green"), launch, "af-green", host)
+    now = time.time()
+
+    def gone(status: StatusReport | None, token: str = "af-green", at: float = now) -> str | None:
+        return driver_gone(status, launch, token, beat_of(store, "af-green", at), at)
+
+    # Restoring its savepoint: no heartbeat of its own yet, and it beats while it boots.
+    assert gone(blue_stopped) is None
+    assert gone(report(token="af-green")) is None  # beating as the job
+    lost = gone(report("FAILED", "RUNNING", token="af-green"))
     assert lost is not None and "RUNNING (job FAILED)" in lost  # a heartbeat lost
-    ended = driver_gone(report("FAILED", "FAILED", token="af-green"), None, "af-green", host)
+    ended = driver_gone(
+        report("FAILED", "FAILED", token="af-green"), None, "af-green", NO_BEAT, now
+    )
     assert ended is not None and "FAILED" in ended
-    launcher.kill_all()  # it died before it beat as the job
-    gone = driver_gone(blue_stopped, launch, "af-green", host)
-    assert launch is not None and gone is not None and f"pid {launch.pid}" in gone
-    # Launched elsewhere, or another run's launch: nothing known, the timeout decides.
-    assert driver_gone(blue_stopped, launch, "af-green", "other-host") is None
-    assert driver_gone(blue_stopped, launch, "af-other", host) is None
+    launcher.kill_all()  # it died before it beat as the job: its beat goes stale
+    assert gone(blue_stopped) is None  # not yet known
+    stale = gone(blue_stopped, at=time.time() + BEAT_STALE_AFTER + 1)
+    assert stale is not None and "stopped beating" in stale
+    # A driver that ends normally says so at once.
+    store.write_json(
+        beat_key("af-green"),
+        {"token": "af-green", "state": "exited", "time": time.time(), "exit_code": 1},
+    )
+    assert "exited" in (gone(blue_stopped, at=time.time()) or "")
 
 
 # -- restart back-off ----------------------------------------------------------------------

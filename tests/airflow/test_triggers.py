@@ -15,6 +15,8 @@ import pytest
 from airflow.sdk.serde import deserialize, serialize
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from streamkeeper.lineage.driver_beat import BEAT_STALE_AFTER, beat_key
+from streamkeeper.storage import LocalStore
 from streamkeeper_airflow.triggers.base import Check, ControlPlaneTrigger
 from streamkeeper_airflow.triggers.checkpoints import CheckpointProgressTrigger, JobHealthyTrigger
 from streamkeeper_airflow.triggers.commands import CommandResultTrigger
@@ -136,20 +138,63 @@ def test_progress_ignores_the_heartbeat_of_an_earlier_run(plane: Path) -> None:
     assert "waiting for the first heartbeat" in pending["message"]  # not the old FAILED
 
 
-def test_progress_fails_fast_when_its_driver_died_before_beating(plane: Path) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+def _driver_beat(root: Path, token: str, **fields: Any) -> None:
+    """The beat a driver on another host wrote (its pid and host mean nothing here)."""
+    record = {"token": token, "job": JOB, "host": "gateway-7", "pid": 999_999_999, **fields}
+    LocalStore(root).write_json(beat_key(token), record)
+
+
+def test_progress_fails_fast_when_its_driver_ended_before_beating(plane: Path) -> None:
     _beat(plane, run_token="af-old")
+    driver = {"host": "gateway-7", "log": "/x/driver.log", "launched_at": time.time()}
+    _driver_beat(plane, "af-new", state="exited", time=time.time(), exit_code=2, error="bad spec")
+    failed = _run(
+        CheckpointProgressTrigger(
+            **COMMON, run_token="af-new", after_epoch=4, new_checkpoints=0, driver=driver
+        )
+    )
+    assert failed["status"] == "error"
+    assert "exited on gateway-7 (exit 2): bad spec" in failed["message"]
+    assert "see its log /x/driver.log" in failed["message"]
+    # Killed while booting, on a host this process cannot see: its beat goes stale.
+    _driver_beat(plane, "af-new", state="booting", time=time.time() - BEAT_STALE_AFTER - 5)
+    stale = _run(
+        CheckpointProgressTrigger(
+            **COMMON, run_token="af-new", after_epoch=4, new_checkpoints=0, driver=driver
+        )
+    )
+    assert stale["status"] == "error" and "stopped beating" in stale["message"]
+
+
+def test_progress_waits_for_a_booting_driver_on_another_host(plane: Path) -> None:
+    """A fresh beat keeps the wait going, whatever host and pid it names."""
+    _beat(plane, run_token="af-old")
+    _driver_beat(plane, "af-new", state="booting", time=time.time())
+    pending = _run(
+        CheckpointProgressTrigger(
+            **{**COMMON, "deadline": time.time() + 0.3},
+            run_token="af-new",
+            after_epoch=4,
+            new_checkpoints=0,
+            driver={"host": "gateway-7", "log": "/x/driver.log", "launched_at": time.time()},
+        )
+    )
+    assert "waiting for the first heartbeat" in pending["message"]
+
+
+def test_progress_fails_when_a_launched_driver_never_beats(plane: Path) -> None:
+    _beat(plane, run_token="af-old")
+    launched_at = time.time() - 3600  # far past the first-beat grace, no beat ever
     failed = _run(
         CheckpointProgressTrigger(
             **COMMON,
             run_token="af-new",
             after_epoch=4,
-            driver={"pid": dead.pid, "host": os.uname().nodename, "log": "/x/driver.log"},
-        )
+            new_checkpoints=0,
+            driver={"host": "gateway-7", "log": "/x/driver.log", "launched_at": launched_at},
+        )  # fmt: skip
     )
-    assert failed["status"] == "error"
-    assert "exited before its first heartbeat; see its log /x/driver.log" in failed["message"]
+    assert failed["status"] == "error" and "never beat in the 3600s" in failed["message"]
 
 
 def test_progress_fails_when_the_followed_runner_fails(plane: Path) -> None:

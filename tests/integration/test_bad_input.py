@@ -15,7 +15,8 @@ from deltalake import DeltaTable
 
 from jobs.keyed_totals.sample_events import write_event_files
 from streamkeeper.errors import StorageError
-from streamkeeper.storage import Location, S3Settings, probe
+from streamkeeper.lineage.driver_beat import beat_key
+from streamkeeper.storage import LocalStore, Location, S3Settings, probe
 from tests.support.services import free_port
 
 pytestmark = pytest.mark.integration
@@ -144,13 +145,35 @@ def test_cli_schema_mismatch_fails_before_any_commit(tmp_path: Path) -> None:
             str(tmp_path / "ckpt"),
             "--set",
             f"source.path={events}",
+            "--run-token",
+            "af-mismatch",
         ],
         cwd=tmp_path,
     )
     assert result.returncode != 0, result.stdout
     assert f"table {totals!r}" in result.stderr and "sink 'totals'" in result.stderr
+    # Its starter, on any host, reads why it ended from the driver's beat.
+    beat = LocalStore(root).read_json(beat_key("af-mismatch"))
+    assert beat is not None and beat["state"] == "exited"
+    assert beat["exit_code"] == result.returncode and "sink 'totals'" in beat["error"]
+    assert beat["epoch"] is None  # it never ran as the job
     assert "total: table has" in result.stderr
     after = {"totals": DeltaTable(totals).version(), "changes": DeltaTable(changes).version()}
     assert after == before
     assert len(DeltaTable(changes).to_pyarrow_table()) == 0
     assert not (root / "lineages" / "keyed-totals" / "wal").exists()
+
+
+def test_cli_run_beats_until_its_runner_takes_over_then_says_it_exited(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    write_event_files(events, files=1, events_per_file=10)
+    root = tmp_path / "root"
+    args = ["run", str(SAMPLE_SPEC), "--root", str(root), "--available-now"]
+    args += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--set", f"source.path={events}"]
+    result = run_cli([*args, "--run-token", "af-ok"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    beat = LocalStore(root).read_json(beat_key("af-ok"))
+    heartbeat = LocalStore(root).read_json("jobs/keyed-totals/heartbeat.json") or {}
+    assert beat is not None and beat["state"] == "exited" and beat["exit_code"] == 0
+    assert beat["error"] is None and beat["seq"] >= 3  # booting, handed-over, exited
+    assert beat["epoch"] == heartbeat.get("epoch") == 1  # handed over to epoch 1's heartbeat

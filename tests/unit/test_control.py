@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamkeeper.errors import AlreadyRunningError, FencedError
-from streamkeeper.lineage.control import ControlPlane, Fence, Lease
+from streamkeeper.lineage.control import ControlPlane, Fence, Lease, pid_namespace
 from streamkeeper.lineage.heartbeat import Heartbeat
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import LocalStore, Location
@@ -26,9 +26,11 @@ def control(tmp_path: Path) -> ControlPlane:
 
 
 def write_heartbeat(control: ControlPlane, **fields: object) -> None:
+    """A heartbeat of this process, or of one on another host if `host` is given."""
     beat = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
+        "pid_namespace": None if "host" in fields else pid_namespace(),
         "state": "RUNNING",
         "time": time.time(),
         "epoch": 1,
@@ -148,6 +150,21 @@ def test_remote_runner_alive_until_heartbeat_is_stale(control: ControlPlane) -> 
         control.acquire()
     write_heartbeat(control, host="some-other-host", pid=1, time=time.time() - 120)
     assert control.acquire().epoch == 2
+
+
+def test_a_host_of_the_same_name_is_told_apart_by_its_pid_namespace(
+    control: ControlPlane,
+) -> None:
+    """Network namespaces and containers repeat hostnames: a runner that names this host
+    but another pid namespace is judged by its heartbeat's age, never by a pid here
+    (pid 1 is alive here, and means nothing)."""
+    elsewhere = {"host": socket.gethostname(), "pid": 1, "pid_namespace": "other-boot/pid:[1]"}
+    control.store.create_json(control.layout.epoch(1), {**elsewhere, "started_at": time.time()})
+    write_heartbeat(control, **elsewhere, time=time.time() - 120)
+    assert control.acquire().epoch == 2  # stale: gone, although pid 1 runs here
+    write_heartbeat(control, **{**elsewhere, "pid": dead_pid()}, epoch=2)
+    with pytest.raises(AlreadyRunningError):
+        control.acquire()  # fresh: alive, although its pid is dead here
 
 
 def test_a_clock_behind_costs_a_takeover_never_a_second_writer(control: ControlPlane) -> None:

@@ -16,13 +16,12 @@ runner that claimed it, if it still runs, can then never seal it over files that
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from dataclasses import dataclass, field
 
 from streamkeeper.commit.tables import TableTarget
 from streamkeeper.commit.wal import Manifest, SinkBatch, WriteAheadLog
-from streamkeeper.lineage.control import ControlPlane, process_alive_on_this_host
+from streamkeeper.lineage.control import ControlPlane, pid_meaningful, process_alive_here
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import Location, ObjectStore
 from streamkeeper.storage.confine import confined_uri
@@ -183,8 +182,9 @@ class ManifestDisposal:
 
 
 def claimant_gone(control: ControlPlane, claim: Manifest) -> bool:
-    """Whether the runner that wrote a manifest is gone (dead here, or long ago elsewhere)."""
+    """Whether the runner that wrote a manifest is gone (dead in this pid namespace, or
+    long ago elsewhere)."""
     record = control.epoch_record(claim.epoch) or {}
-    if record.get("host") == socket.gethostname():
-        return not process_alive_on_this_host(record)
+    if pid_meaningful(record):
+        return not process_alive_here(record)
     return time.time() - claim.created_at > FORGET_FOREIGN_CLAIMS_AFTER

@@ -12,11 +12,13 @@ lower epoch, so a runner that raced past a check still loses.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -36,6 +38,28 @@ def _process_started_at(pid: int) -> float | None:
         return None
 
 
+@functools.cache
+def pid_namespace() -> str | None:
+    """Where a pid names a process: this kernel's boot and this process's pid namespace.
+
+    A hostname does not say it: network namespaces share one, containers repeat one, and
+    another host may carry the same. A recorded pid is checked only by a process of the
+    same pid namespace (`pid_meaningful`); anywhere else only the record's age counts.
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None  # not Linux: no pid is ever checked, only heartbeats' ages
+    return f"{boot}/{namespace}"
+
+
+def pid_meaningful(record: dict[str, Any]) -> bool:
+    """Does the record's pid name a process this process can see (same pid namespace)?"""
+    here = pid_namespace()
+    return here is not None and record.get("pid_namespace") == here
+
+
 @dataclass(frozen=True)
 class Lease:
     """This runner's hold on a lineage: the epoch it took and who it is."""
@@ -46,6 +70,7 @@ class Lease:
     started_at: float
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     process_started_at: float | None = None
+    pid_namespace: str | None = None  # where `pid` means something (see pid_namespace)
 
     @classmethod
     def for_this_process(cls, epoch: int) -> Lease:
@@ -57,6 +82,7 @@ class Lease:
             time.time(),
             uuid.uuid4().hex,
             _process_started_at(pid),
+            pid_namespace(),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -75,8 +101,9 @@ def _pid_alive(record: dict[str, Any]) -> bool:
     return abs(float(recorded) - actual) < 1.0
 
 
-def process_alive_on_this_host(record: dict[str, Any]) -> bool:
-    """Is the process an epoch or heartbeat record names (this host's) still running?"""
+def process_alive_here(record: dict[str, Any]) -> bool:
+    """Is the process an epoch or heartbeat record names (of this pid namespace) still
+    running?"""
     return _pid_alive(record)
 
 
@@ -96,12 +123,12 @@ def runner_alive(
     if heartbeat and int(heartbeat.get("epoch", -1)) == latest_epoch:
         if heartbeat.get("state") in TERMINAL_STATES:
             return False
-        if heartbeat.get("host") == socket.gethostname():
+        if pid_meaningful(heartbeat):
             return _pid_alive(heartbeat)
         return now - float(heartbeat.get("time", 0)) < STALE_AFTER_SECONDS
     # The latest runner has not beaten yet (starting, or it died before its first beat).
     record = epoch_record or {}
-    if record.get("host") == socket.gethostname():
+    if pid_meaningful(record):
         return _pid_alive(record)
     return now - float(record.get("started_at", 0)) < STALE_AFTER_SECONDS
 

@@ -58,6 +58,7 @@ class Heartbeat:
             "pid": lease.pid,
             "host": lease.host,
             "process_started_at": lease.process_started_at,
+            "pid_namespace": lease.pid_namespace,
             "state": state,
             "time": time.time(),
             **facts,

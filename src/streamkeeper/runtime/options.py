@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,3 +33,6 @@ class RunOptions:
     # An upgrade's shadow run: (job, lineage) of the running version, whose savepoint
     # (a folder path) it starts from (streamkeeper.upgrade).
     shadow_of: tuple[str, str] | None = None
+    # Called with the epoch once this run beats the job's heartbeat (the CLI's driver
+    # beat hands over to it: lineage/driver_beat.py).
+    on_heartbeat: Callable[[int], None] | None = None

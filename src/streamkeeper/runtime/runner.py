@@ -130,6 +130,8 @@ class JobRunner:
             self.control, fence, lambda: self._facts(health), on_fenced=self._on_fenced
         )
         heartbeat.start()
+        if self.options.on_heartbeat is not None:
+            self.options.on_heartbeat(fence.lease.epoch)
         phases.lap("fence and heartbeat")
         try:
             start.own(schemas)

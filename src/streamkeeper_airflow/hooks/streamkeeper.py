@@ -18,6 +18,7 @@ from streamkeeper_airflow.secrets import register_with_airflow, secrets_hidden
 
 if TYPE_CHECKING:
     from streamkeeper.client import Checkpoint, JobRecord, StatusReport, StreamkeeperClient
+    from streamkeeper.lineage.driver_beat import BeatReading
     from streamkeeper.storage import ObjectStore
 
 DEFAULT_CONN_ID = "streamkeeper_default"
@@ -113,6 +114,17 @@ class StreamkeeperHook(BaseHook):
                 if missing_ok:
                     return None
                 raise
+
+    def driver_beat(self, token: str, now: float | None = None) -> BeatReading:
+        """What the driver launched with run token `token` last said of itself
+        (streamkeeper/lineage/driver_beat.py): booting, handed over, exited, or stale."""
+        import time
+
+        from streamkeeper.lineage.driver_beat import beat_key, read_beat
+
+        with self._hidden():
+            record = self.store.read_json(beat_key(token))
+        return read_beat(record, time.time() if now is None else now)
 
     def job_record(self, job: str, *, missing_ok: bool = False) -> JobRecord | None:
         from streamkeeper.errors import UnknownJobError

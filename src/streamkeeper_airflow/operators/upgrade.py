@@ -16,7 +16,6 @@ the run unless the upgrade was promoted, with the reason (rejected, rolled back)
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -485,11 +484,11 @@ class HandoverOperator(_UpgradeTask):
     launches the new version.
 
     Green known dead before its first live batch (its heartbeat ended or was lost, or its
-    process exited on this host: `starts.driver_gone`) fails the task at once, whatever
-    step of the handover it died at: before blue stopped, the upgrade fails and blue runs
-    on (a stop green sent and blue did not take up yet is withdrawn); after, the record
-    gets a failed probation, so the rollback task starts blue again from its stop
-    savepoint instead of leaving the job down until the timeout.
+    driver's own beat ended or went stale, wherever it runs: `starts.driver_gone`) fails
+    the task at once, whatever step of the handover it died at: before blue stopped, the
+    upgrade fails and blue runs on (a stop green sent and blue did not take up yet is
+    withdrawn); after, the record gets a failed probation, so the rollback task starts
+    blue again from its stop savepoint instead of leaving the job down until the timeout.
     """
 
     template_fields: Sequence[str] = (*_UpgradeTask.template_fields, "handover_timeout")
@@ -562,7 +561,8 @@ class HandoverOperator(_UpgradeTask):
             return None
         report = self.hook.status(self.job, missing_ok=True)
         launch = latest_launch(self.hook.store, record.green["shadow_job"])
-        return driver_gone(report, launch, token, socket.gethostname())
+        now = time.time()
+        return driver_gone(report, launch, token, self.hook.driver_beat(token, now), now)
 
     def _settle(self, client: Any, record: UpgradeRecord, why: str) -> None:
         """Green died before the upgrade went live: end the handover here, whatever step

@@ -3,16 +3,16 @@
 `CheckpointProgressTrigger` follows one runner: the one whose heartbeat carries
 `run_token` (any runner if None) at an epoch above `after_epoch`, so the heartbeat of
 the run before (FAILED, say) is never mistaken for the new one's. While that runner has
-not beaten yet, a driver process launched on this host that is already gone fails the
-wait at once, naming its log.
+not beaten yet, its driver's own beat (lineage/driver_beat.py) tells whether it is still
+booting: a driver that exited or stopped beating, wherever it ran, fails the wait at
+once, naming its log.
 """
 
 from __future__ import annotations
 
-import socket
 from typing import TYPE_CHECKING, Any
 
-from streamkeeper_airflow.launchers.base import process_alive
+from streamkeeper_airflow import settings
 from streamkeeper_airflow.payloads import status_payload
 from streamkeeper_airflow.triggers.base import Check, ControlPlaneTrigger
 
@@ -32,7 +32,8 @@ class CheckpointProgressTrigger(ControlPlaneTrigger):
         new_checkpoints: how many new committed checkpoints to wait for (0: RUNNING only).
         run_token: follow the runner started with this token (None: any live runner).
         after_epoch: only a runner of a higher epoch is followed.
-        driver: {"pid", "host", "process_started_at", "log"} of the launched process.
+        driver: {"host", "log", "launched_at", ...} of the launch (for messages and the
+            first-beat grace; never to decide by pid or host).
     """
 
     def __init__(
@@ -65,7 +66,7 @@ class CheckpointProgressTrigger(ControlPlaneTrigger):
     def check(self, hook: StreamkeeperHook, now: float) -> Check:
         report = hook.status(self.job, missing_ok=True)
         if not self._followed(report):
-            return self._not_beaten_yet(report)
+            return self._not_beaten_yet(hook, report, now)
         assert report is not None and report.runner is not None
         facts = {"status_report": status_payload(report), "run_token": report.runner.run_token}
         if report.state == "FAILED" or report.runner.state in _ENDED:
@@ -90,15 +91,28 @@ class CheckpointProgressTrigger(ControlPlaneTrigger):
             return False
         return self.run_token is None or runner.run_token == self.run_token
 
-    def _not_beaten_yet(self, report: StatusReport | None) -> Check:
+    def _not_beaten_yet(
+        self, hook: StreamkeeperHook, report: StatusReport | None, now: float
+    ) -> Check:
+        """Before the runner beats as the job, its driver's own beat says whether it is
+        still booting (the control plane only: the driver may run on another host)."""
         driver = self.driver or {}
-        here = driver.get("host") == socket.gethostname()
-        if here and not process_alive(driver.get("pid"), driver.get("process_started_at")):
-            return Check.error(
-                f"the driver of job {self.job!r} (pid {driver.get('pid')}) exited before its "
-                f"first heartbeat; see its log {driver.get('log')}",
-                status_report=status_payload(report, self.job),
-            )
+        if self.run_token is not None:
+            beat = hook.driver_beat(self.run_token, now)
+            launched_at = driver.get("launched_at")
+            gone = None
+            if beat.ended:
+                gone = beat.describe()
+            elif beat.state == "none" and launched_at is not None:
+                waited = now - float(launched_at)
+                if waited > settings.first_beat_grace():
+                    gone = f"its driver never beat in the {waited:.0f}s since its launch"
+            if gone is not None:
+                return Check.error(
+                    f"the driver of job {self.job!r} (run token {self.run_token}) ended "
+                    f"before its first heartbeat: {gone}; see its log {driver.get('log')}",
+                    status_report=status_payload(report, self.job),
+                )
         return Check.waiting(
             f"waiting for the first heartbeat of the runner started with token "
             f"{self.run_token} (after epoch {self.after_epoch})"
