@@ -2,7 +2,8 @@
 
 Without `role_arn`: the settings' static key (with its session token, if any), or, when
 there is none, boto3's default chain (web identity / IRSA, container and instance roles,
-profiles), each client resolving it itself.
+profiles), each client resolving it itself; with a web-identity token file, botocore's
+chain signs for every client (pyarrow's SDK would ask AWS's STS, not the endpoint's).
 
 With `role_arn`: the role is assumed through STS with those credentials. STS is asked at
 the settings' endpoint when one is set (S3-compatible stores such as MinIO, Ceph RGW and
@@ -15,6 +16,7 @@ file system, delta-rs) get the current ones each time they are built.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +48,28 @@ def botocore_session(s3: S3Settings) -> botocore.session.Session:
 def signing_credentials(s3: S3Settings) -> tuple[str | None, str | None, str | None]:
     """Access key, secret and session token to sign with now (all None: the default
     chain, which the client resolves itself)."""
-    if not s3.role_arn:
+    if s3.role_arn:
+        chain = assumed_role(s3)
+    elif s3.access_key or not os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
         return s3.access_key, s3.secret_key, s3.session_token
-    frozen = assumed_role(s3).get_frozen_credentials()
+    else:
+        # Web identity (IRSA): pyarrow's SDK asks AWS's STS whatever the endpoint, while
+        # botocore asks where AWS_ENDPOINT_URL_STS / AWS_ENDPOINT_URL say: every client
+        # signs with botocore's refreshing credentials, one chain per process.
+        chain = _web_identity()
+        if chain is None:
+            return None, None, None
+    frozen = chain.get_frozen_credentials()
     return frozen.access_key, frozen.secret_key, frozen.token
+
+
+def _web_identity() -> Any:
+    import botocore.session
+
+    with _LOCK:
+        if ("web-identity",) not in _ROLES:
+            _ROLES[("web-identity",)] = botocore.session.Session().get_credentials()
+        return _ROLES[("web-identity",)]
 
 
 def assumed_role(s3: S3Settings) -> Any:

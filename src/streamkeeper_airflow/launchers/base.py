@@ -140,6 +140,7 @@ AWS_CHAIN_NAMES = (
     "AWS_SHARED_CREDENTIALS_FILE",
     "AWS_CA_BUNDLE",
     "AWS_STS_REGIONAL_ENDPOINTS",
+    "AWS_ENDPOINT_URL_STS",  # where web identity is exchanged: an endpoint, never a key
     "AWS_DEFAULT_REGION",
     "AWS_REGION",
 )
