@@ -13,6 +13,10 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
   && command -v apt-get >/dev/null; then
   apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null
 fi
+# The SSH gateway launcher's tests run a real sshd on 127.0.0.1 (tests/support/sshd.py).
+if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+fi
 # The operations page's browser tests drive Debian's Chromium (no browser download here).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -371,7 +371,16 @@ class AirflowSpec(_Strict):
     """How Airflow runs the job (DAGs generated from the spec); the runtime ignores it."""
 
     conn_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] = "streamkeeper_default"
-    launcher: Literal["embedded", "spark_submit"] = "embedded"
+    launcher: Literal["embedded", "spark_submit", "ssh", "kubernetes"] = "embedded"
+    # Options of each launcher, by name (e.g. ssh: {ssh_conn_id, remote_python}): the
+    # deployment's files, never a DAG run's Params (launchers/*.py document each option).
+    launcher_options: dict[
+        Literal["embedded", "spark_submit", "ssh", "kubernetes"], dict[str, Any]
+    ] = Field(default_factory=dict)
+    # The Celery queue of the tasks that launch drivers (start, restart, start_green,
+    # rollback): served only by a worker on the Spark gateway host, so `embedded` and
+    # `spark_submit` drivers run there (the rest run on any worker). None: the default.
+    launch_queue: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,200}$")] | None = None
     # events: the monitor runs on each health change (the triggerer watches the job every
     # monitor_poll_interval) and on monitor_safety_net; schedule: on monitor_schedule.
     monitor: Literal["events", "schedule"] = "events"

@@ -176,6 +176,14 @@ def _dag(entry: JobEntry, action: str, *, schedule: Any, **kwargs: Any) -> DAG:
     )
 
 
+def _launching(entry: JobEntry) -> dict[str, Any]:
+    """Arguments of a task that launches a driver: the spec's launcher options, and its
+    launch queue (a worker on the gateway host serves it), if it names one."""
+    airflow = entry.spec.airflow
+    options: dict[str, Any] = {"launcher_options": dict(airflow.launcher_options)}
+    return options if airflow.launch_queue is None else {**options, "queue": airflow.launch_queue}
+
+
 def _alert(entry: JobEntry) -> StreamkeeperAlertNotifier:
     return StreamkeeperAlertNotifier(job=entry.name, conn_id=entry.spec.airflow.conn_id)
 
@@ -224,6 +232,7 @@ def start_dag(entry: JobEntry) -> DAG:
     ) as dag:
         StartJobOperator(
             task_id="start",
+            **_launching(entry),
             job=entry.name,
             spec_path=str(entry.spec_path),
             conn_id=spec.airflow.conn_id,
@@ -269,6 +278,7 @@ def monitor_dag(entry: JobEntry) -> DAG:
         )
         restart_task = RestartJobOperator(
             task_id="restart",
+            **_launching(entry),
             job=entry.name,
             spec_path=str(entry.spec_path),
             conn_id=spec.airflow.conn_id,
@@ -416,6 +426,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
         )
         start_green = StartGreenOperator(
             task_id="start_green",
+            **_launching(entry),
             **common,
             launcher=spec.airflow.launcher,
             overrides="{{ params.overrides }}",
@@ -442,6 +453,7 @@ def upgrade_dag(entry: JobEntry) -> DAG:
         )
         rollback = RollbackOperator(
             task_id="rollback",
+            **_launching(entry),
             **common,
             of_upgrade=True,
             launcher=spec.airflow.launcher,
@@ -474,6 +486,7 @@ def rollback_dag(entry: JobEntry) -> DAG:
     ) as dag:
         RollbackOperator(
             task_id="rollback",
+            **_launching(entry),
             job=entry.name,
             conn_id=spec.airflow.conn_id,
             savepoint_id="{{ params.savepoint_id }}",

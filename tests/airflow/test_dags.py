@@ -278,3 +278,50 @@ def test_a_bad_monitor_setting_names_the_field_and_the_fix(
 
     with pytest.raises(SpecError, match=rf"airflow\.{field}: .*{fix}"):
         _monitor(tmp_path, **{field: value})
+
+
+def test_tasks_that_launch_drivers_run_on_the_gateway_queue_and_the_rest_anywhere() -> None:
+    """`airflow.launch_queue`: a Celery worker on the Spark gateway serves it, so the
+    drivers it launches run there; waits, checks and commands stay on any worker."""
+    from airflow.configuration import conf
+
+    from streamkeeper.spec import load_spec
+    from streamkeeper_airflow import dag_factory
+    from streamkeeper_airflow.dag_factory import JobEntry
+
+    path = REPO / "jobs/keyed_totals/job.yaml"
+    pinned = JobEntry(path, load_spec(path, {"airflow.launch_queue": "spark-gateway"}))
+    default_queue = conf.get("operators", "default_queue")
+    launching = {("start", "start"), ("monitor", "restart"), ("upgrade", "start_green")}
+    launching |= {("upgrade", "rollback"), ("rollback", "rollback")}
+    seen = set()
+    for action in ("start", "monitor", "upgrade", "rollback", "savepoint", "stop"):
+        dag = getattr(dag_factory, f"{action}_dag")(pinned)
+        for task in dag.tasks:
+            expected = "spark-gateway" if (action, task.task_id) in launching else default_queue
+            assert task.queue == expected, (action, task.task_id, task.queue)
+            seen |= {(action, task.task_id)} & launching
+    assert seen == launching
+    unpinned = JobEntry(path, load_spec(path))
+    assert {t.queue for t in dag_factory.start_dag(unpinned).tasks} == {default_queue}
+    from streamkeeper.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"airflow\.launch_queue"):
+        load_spec(path, {"airflow.launch_queue": "no spaces please"})
+
+
+def test_a_specs_launcher_options_reach_the_launcher_the_run_picks() -> None:
+    from streamkeeper.spec import load_spec
+    from streamkeeper_airflow import dag_factory
+    from streamkeeper_airflow.dag_factory import JobEntry
+
+    path = REPO / "jobs/keyed_totals/job.yaml"
+    ssh = {"ssh_conn_id": "spark_gateway", "remote_python": "/opt/sk/bin/python"}
+    spec = load_spec(path, {"airflow.launcher": "ssh", "airflow.launcher_options": {"ssh": ssh}})
+    for action, task_id in (("start", "start"), ("monitor", "restart"), ("rollback", "rollback")):
+        task = getattr(dag_factory, f"{action}_dag")(JobEntry(path, spec)).get_task(task_id)
+        assert task.options_of("ssh") == ssh and task.options_of("embedded") == {}, action
+    from streamkeeper.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"airflow\.launcher_options"):
+        load_spec(path, {"airflow.launcher_options": {"telnet": {}}})

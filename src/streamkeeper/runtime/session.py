@@ -48,18 +48,29 @@ def retention_conf(spec: JobSpec) -> dict[str, str]:
 
 
 def build_session(spec: JobSpec, master: str | None = None) -> SparkSession:
-    """Start (or reuse) the driver's SparkSession for `spec`."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    """Start (or reuse) the driver's SparkSession for `spec`.
+
+    The driver listens on `SPARK_LOCAL_IP` (loopback unless set: a gateway host sets its
+    own address, which the cluster's executors reach). In a cluster-mode driver pod
+    (`STREAMKEEPER_DEPLOY_MODE=cluster`, set by the launchers) Spark's own addresses stand.
+    """
+    in_cluster = os.environ.get("STREAMKEEPER_DEPLOY_MODE") == "cluster"
+    if not in_cluster:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.appName(f"streamkeeper-{spec.name}").master(
+        master or spec.spark.master
+    )
+    if not in_cluster:
+        address = os.environ["SPARK_LOCAL_IP"]
+        builder = builder.config("spark.driver.host", address).config(
+            "spark.driver.bindAddress", address
+        )
     builder = (
-        SparkSession.builder.appName(f"streamkeeper-{spec.name}")
-        .master(master or spec.spark.master)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(spec.spark.shuffle_partitions))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")

@@ -67,7 +67,8 @@ class StartJobOperator(BaseOperator):
         new_checkpoints: committed checkpoints to wait for (0: until RUNNING).
         takeover: fence a live runner of the lineage instead of refusing.
         launcher: embedded | spark_submit.
-        launcher_options: the launcher's own options (e.g. spark_submit, conf).
+        launcher_options: the launcher's own options (e.g. spark_submit, conf), or such
+            options keyed by launcher name (`options_of`).
         spark_master: the Spark master (default: the spec's).
         overrides: spec overrides, dotted.key -> value (`streamkeeper run --set`).
         workdir: the driver's working directory (default `[streamkeeper] workdir`).
@@ -177,6 +178,17 @@ class StartJobOperator(BaseOperator):
         self.log.info("%s", event.get("message"))
         return event
 
+    def options_of(self, launcher: str) -> dict[str, Any]:
+        """`launcher_options` of `launcher`: the options themselves, or, keyed by launcher
+        name (a spec's `airflow.launcher_options`), that launcher's entry, so a run that
+        picks another launcher than the spec's gets that one's options, or none."""
+        from streamkeeper_airflow.launchers import LAUNCHERS
+
+        options = self.launcher_options
+        if options and set(options) <= set(LAUNCHERS):
+            return dict(options.get(launcher) or {})
+        return dict(options)
+
     # -- steps ---------------------------------------------------------------------------
 
     def start(self, request: LaunchRequest, context: Context) -> StartOutcome:
@@ -188,7 +200,7 @@ class StartJobOperator(BaseOperator):
             store=self.hook.store,
             status=lambda job: self.hook.status(job, missing_ok=True),
             request=request,
-            launcher=launcher_for(self.launcher, **self.launcher_options),
+            launcher=launcher_for(self.launcher, **self.options_of(self.launcher)),
             start_from=self.start_from,
             origin={
                 "dag_id": ti.dag_id,
