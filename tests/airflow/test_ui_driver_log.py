@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,7 +100,42 @@ def test_a_driver_on_another_host_is_named_not_read(place: Path) -> None:
     _launched(place, str(log), host="gateway-7")
     status, text = _get(place)
     assert status == 404 and "from this host" not in text
-    assert f"the driver's log is {log} on host gateway-7" in text
+    assert f"the driver's log is {log} on host gateway-7; it shipped none" in text
+
+
+def test_a_driver_on_another_host_is_read_from_what_it_shipped(place: Path) -> None:
+    """A real driver beat ships its own log (its stderr is a file) to the control plane;
+    the page serves that for a launch on another host, secrets masked."""
+    log = place / "gateway-disk" / f"{JOB}.log"
+    log.parent.mkdir()
+    log.write_text("an earlier run's line\n")
+    script = (
+        "import sys; from pathlib import Path\n"
+        "from streamkeeper.lineage.driver_beat import DriverBeat\n"
+        "from streamkeeper.storage import LocalStore\n"
+        "beat = DriverBeat(LocalStore(Path(sys.argv[1])), 't1', sys.argv[2]).start()\n"
+        f"print('driver line with {SECRET}', file=sys.stderr, flush=True)\n"
+        "beat.close(0)\n"
+    )
+    with open(log, "ab") as stderr:
+        subprocess.run(
+            [sys.executable, "-c", script, str(place / "data"), JOB], stderr=stderr, check=True
+        )
+    _launched(place, str(log), host="gateway-7")
+    status, text = _get(place)
+    assert status == 200, text
+    assert f"of {log} on host gateway-7, as the driver shipped them at" in text
+    assert "driver line with" in text and SECRET not in text and "***" in text
+    assert "an earlier run's line" not in text  # this run's output only
+
+
+def test_a_shipped_log_is_found_by_token_never_by_a_path(place: Path) -> None:
+    _launched(place, "/etc/passwd.log", host="gateway-7")
+    record = json.loads((place / "data" / "jobs" / JOB / "launch.json").read_text())
+    record["token"] = "../../etc/passwd"
+    (place / "data" / "jobs" / JOB / "launch.json").write_text(json.dumps(record))
+    status, text = _get(place)
+    assert status == 404 and "it shipped none" in text and "root:" not in text
 
 
 def test_no_launch_and_unknown_jobs(place: Path) -> None:

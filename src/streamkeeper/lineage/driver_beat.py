@@ -23,6 +23,12 @@ reading it, never used to decide anything.
 A beat that cannot be written (storage down) is logged and retried at the next beat:
 the driver's work never waits for it, and a reader that sees it stale concludes what a
 lost host would make it conclude.
+
+The driver's log reaches every host the same way: when its output goes to a file (the
+launchers' `.streamkeeper/logs/*.log`, on whatever host it runs), the tail this process
+wrote there (`LOG_TAIL_BYTES`) is shipped to `drivers/{token}.log.json` with each beat,
+then every `LOG_INTERVAL` seconds while it grows, and once more at exit; the *Driver log*
+link serves it when the file is on another host.
 """
 
 from __future__ import annotations
@@ -42,11 +48,27 @@ log = logging.getLogger(__name__)
 
 BEAT_INTERVAL = 5.0
 BEAT_STALE_AFTER = 30.0  # six missed beats: the runner heartbeat's staleness, too
+LOG_INTERVAL = 30.0  # after the handover, the log is shipped this often while it grows
+LOG_TAIL_BYTES = 256 * 1024
 BeatState = Literal["booting", "handed-over", "exited"]
 
 
 def beat_key(token: str) -> str:
     return f"drivers/{token}.json"
+
+
+def log_key(token: str) -> str:
+    return f"drivers/{token}.log.json"
+
+
+def own_log_file() -> tuple[str, int] | None:
+    """The file this process's stderr writes to and its size now, if it is a file (the
+    launchers send a detached driver's output to one); None for a terminal or a pipe."""
+    try:
+        target = os.readlink("/proc/self/fd/2")
+        return (target, os.path.getsize(target)) if os.path.isfile(target) else None
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -94,18 +116,27 @@ class DriverBeat:
     """Beats `drivers/{token}.json` from a daemon thread until handed over or closed."""
 
     def __init__(
-        self, store: ObjectStore, token: str, job: str, interval: float = BEAT_INTERVAL
+        self,
+        store: ObjectStore,
+        token: str,
+        job: str,
+        interval: float = BEAT_INTERVAL,
+        log_interval: float = LOG_INTERVAL,
     ) -> None:
         self.store = store
         self.token = token
         self.job = job
         self.interval = interval
+        self.log_interval = log_interval
         self.error: str | None = None  # the run's error, said when the process exits
         self._epoch: int | None = None  # the runner's, once handed over
         self._seq = 0
         self._lock = threading.Lock()
-        self._done = threading.Event()
+        self._handed = threading.Event()  # the runner's heartbeat speaks for the driver
+        self._closed = threading.Event()
         self._started_at = time.time()
+        self._log = own_log_file()  # (path, offset): this run's output starts at offset
+        self._shipped = -1  # the log size last shipped
         self._thread = threading.Thread(target=self._run, name="streamkeeper-beat", daemon=True)
 
     def start(self) -> DriverBeat:
@@ -116,25 +147,57 @@ class DriverBeat:
 
     def hand_over(self, epoch: int) -> None:
         """The runner beats the job's heartbeat as `epoch` now: stop beating here."""
-        if not self._done.is_set():
+        if not self._handed.is_set():
             self._epoch = epoch
-            self._done.set()
+            self._handed.set()
             self._write("handed-over", epoch=epoch)
 
     def close(self, exit_code: int, error: str | None = None) -> None:
-        """The process is ending: say how (the last word wins)."""
-        self._done.set()
+        """The process is ending: say how (the last word wins), with its last log lines."""
+        self._handed.set()
+        self._closed.set()
         error = (error or None) and error[-500:]
         self._write("exited", exit_code=exit_code, error=error, epoch=self._epoch)
+        self._ship_log()
 
     def _run(self) -> None:
         self._write("booting")
-        while not self._done.wait(self.interval):
+        self._ship_log()
+        while not self._closed.wait(self.log_interval if self._handed.is_set() else self.interval):
             self._write("booting")
+            self._ship_log()
+
+    def _ship_log(self) -> None:
+        """Put the tail of this run's output in the control plane, if it grew."""
+        if self._log is None:
+            return
+        path, offset = self._log
+        with self._lock:
+            try:
+                size = os.path.getsize(path)
+                if size == self._shipped:
+                    return
+                start = max(offset, size - LOG_TAIL_BYTES)
+                with open(path, "rb") as log_file:
+                    log_file.seek(start)
+                    tail = log_file.read(size - start)
+                record = {
+                    "token": self.token,
+                    "job": self.job,
+                    "host": socket.gethostname(),
+                    "path": path,
+                    "time": time.time(),
+                    "truncated": start > offset,
+                    "text": tail.decode("utf-8", errors="replace"),
+                }
+                self.store.write_json(log_key(self.token), record)
+                self._shipped = size
+            except Exception as error:  # the next beat tries again
+                log.warning("driver log not shipped (%s): %s", type(error).__name__, error)
 
     def _write(self, state: BeatState, **facts: Any) -> None:
         with self._lock:
-            if state == "booting" and self._done.is_set():
+            if state == "booting" and self._handed.is_set():
                 return  # handed over or closed while this beat waited for the lock
             self._seq += 1
             record = {

@@ -7,11 +7,16 @@ inside the drivers' log folder, `{[streamkeeper] workdir}/.streamkeeper/logs/`, 
 both launchers write (symlinks and `..` resolved first), ending in `.log`. Anything else
 is answered with where the log is, never with a file's content. Only the tail is sent
 (`MAX_BYTES`), with the connection's secrets masked like every text the page shows.
+
+A driver on another host (a gateway, a pod) ships the tail of its own log to the control
+plane (`drivers/{token}.log.json`, streamkeeper/lineage/driver_beat.py): that is served
+instead, by the record's run token (a key, never a path), saying when it was shipped.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,7 @@ if TYPE_CHECKING:
     from streamkeeper.storage.objects import ObjectStore
 
 MAX_BYTES = 256 * 1024
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")  # the CLI's --run-token
 LOG_FOLDER = Path(".streamkeeper") / "logs"
 
 
@@ -52,7 +58,7 @@ def read_driver_log(
     here = host or socket.gethostname()
     where = f"{record.log} on host {record.host}"
     if record.host != here:
-        return DriverLog(None, record.log, record.host, f"the driver's log is {where}")
+        return _shipped(store, record.token, record.log, record.host, where)
     path = Path(os.path.realpath(record.log))
     if path.suffix != ".log" or not path.is_relative_to(folder.resolve()):
         return DriverLog(
@@ -68,11 +74,34 @@ def read_driver_log(
             log.seek(max(0, size - MAX_BYTES))
             tail = log.read(MAX_BYTES)
     except FileNotFoundError:
-        return DriverLog(None, record.log, record.host, f"no file {where}")
+        return _shipped(store, record.token, record.log, record.host, f"no file {where}")
     return DriverLog(
         tail.decode("utf-8", errors="replace"),
         record.log,
         record.host,
         f"the last {len(tail)} bytes of {where}",
         truncated=size > MAX_BYTES,
+    )
+
+
+def _shipped(
+    store: ObjectStore, token: str, path: str | None, host: str | None, where: str
+) -> DriverLog:
+    """The tail the driver shipped to the control plane, or why there is none."""
+    import time
+
+    from streamkeeper.lineage.driver_beat import log_key
+
+    shipped = store.read_json(log_key(token)) if _TOKEN.fullmatch(token) else None
+    text = None if shipped is None else shipped.get("text")
+    if not isinstance(text, str):
+        return DriverLog(None, path, host, f"the driver's log is {where}; it shipped none")
+    text = text[-MAX_BYTES:]
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(shipped.get("time", 0))))
+    return DriverLog(
+        text,
+        path,
+        host,
+        f"the last {len(text)} characters of {where}, as the driver shipped them at {at}",
+        truncated=bool(shipped.get("truncated")),
     )
