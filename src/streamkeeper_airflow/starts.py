@@ -359,6 +359,7 @@ def _describe(request: LaunchRequest) -> dict[str, Any]:
     """How the job was launched, for a restart to launch it the same way (no credentials)."""
     return {
         "spec_path": request.spec_path,
+        "spec_in_jobs_folder": request.spec_in_jobs_folder,
         "workdir": request.workdir,
         "overrides": dict(request.overrides),
         "checkpoint_dir": request.checkpoint_dir,

@@ -547,6 +547,51 @@ def test_a_tampered_launch_record_is_refused_before_the_restart_is_counted(
     assert not (place.root / "jobs" / JOB / "restarts.json").exists()
 
 
+def _restart_request(place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from streamkeeper_airflow.operators.restart import RestartJobOperator
+
+    _failed(monkeypatch)
+    _no_launch(monkeypatch, RestartJobOperator)
+    operator = RestartJobOperator(
+        task_id="restart", job=JOB, spec_path=str(place.spec), conn_id=CONN_ID
+    )
+    with pytest.raises(Launched) as launched:
+        operator.execute(_context("restart", "monitor"))
+    return launched.value.args[0]
+
+
+def test_a_restart_on_another_worker_finds_the_spec_in_its_own_jobs_folder(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start ran on a worker whose DAG bundle sat elsewhere (another path, another
+    bundle version's folder): the restart resolves the spec inside this worker's jobs
+    folder by its recorded place there, not by the other worker's absolute path."""
+    relative = str(place.spec.resolve().relative_to(place.jobs.resolve()))
+    _launch_record(
+        place,
+        spec_path="/srv/airflow/dag_bundles/jobs/versions/3f9c2e/" + relative,
+        spec_in_jobs_folder=relative,
+    )
+    assert _restart_request(place, monkeypatch).spec_path == str(place.spec.resolve())
+
+
+def test_a_recorded_place_that_climbs_out_of_the_jobs_folder_is_not_taken(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    climbing = f"../{place.outside.parent.name}/{place.outside.name}"
+    _launch_record(place, spec_path=str(place.outside), spec_in_jobs_folder=climbing)
+    message = _refused(lambda: _restart(place, monkeypatch))
+    assert f"jobs/{JOB}/launch.json" in message and str(place.outside) in message
+
+
+def test_a_start_records_the_specs_place_in_the_jobs_folder(
+    place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = _start(place, monkeypatch)
+    expected = str(place.spec.resolve().relative_to(place.jobs.resolve()))
+    assert request.spec_in_jobs_folder == expected
+
+
 def test_a_restart_takes_no_working_directory_from_the_record(
     place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

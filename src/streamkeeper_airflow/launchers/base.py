@@ -39,6 +39,9 @@ class LaunchRequest:
     # Spark properties the Airflow layer adds (OpenLineage's parent run: lineage.py), given
     # as `--set spark.conf.KEY=VALUE`; never a credential (the command line shows them)
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # The spec's path inside the jobs folder (the DAG bundle), which every worker holds,
+    # though at a path of its own: what a restart on another worker resolves (starts.py)
+    spec_in_jobs_folder: str | None = None
 
     def run_args(self) -> list[str]:
         """Arguments of the command (after `run`), without any credential."""

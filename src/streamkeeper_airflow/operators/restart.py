@@ -119,7 +119,7 @@ class RestartJobOperator(StartJobOperator):
         if record is None:
             return
         launched = record.request
-        self.spec_path = launched.get("spec_path") or self.spec_path
+        self.spec_path = self._launched_spec(launched)
         self.overrides = {**(launched.get("overrides") or {}), **(self.overrides or {})}
         self.spark_master = self.spark_master or launched.get("master")
         self.launcher = record.launcher or self.launcher
@@ -133,6 +133,19 @@ class RestartJobOperator(StartJobOperator):
                 f"changed since; run {self.job}.start to launch the job afresh"
             ) from None
         self.log.info("restarting as launched by %s", record.origin or "an earlier start")
+
+    def _launched_spec(self, launched: dict[str, Any]) -> str:
+        """The last launch's spec on this worker: by its place in the jobs folder (the
+        DAG bundle, whose path differs between workers and bundle versions), else by its
+        recorded path; either way confined to the spec folders afterwards."""
+        from pathlib import Path, PurePosixPath
+
+        relative = launched.get("spec_in_jobs_folder")
+        if isinstance(relative, str) and self.jobs_folder:
+            inside = PurePosixPath(relative)
+            if not inside.is_absolute() and ".." not in inside.parts:
+                return str(Path(self.jobs_folder) / inside)
+        return launched.get("spec_path") or self.spec_path
 
 
 def _true(value: Any) -> bool:

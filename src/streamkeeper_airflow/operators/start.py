@@ -265,7 +265,16 @@ class StartJobOperator(BaseOperator):
             or (spec.spark.master if self.launcher == "spark_submit" else None),
             env=self.hook.settings.driver_env(),
             spark_conf=self._parent_run_conf(context, spec),
+            spec_in_jobs_folder=self._in_jobs_folder(spec_file),
         )
+
+    def _in_jobs_folder(self, spec_file: Path) -> str | None:
+        """`spec_file` relative to the jobs folder (None: it lies in another spec folder)."""
+        if not self.jobs_folder:
+            return None
+        folder = Path(self.jobs_folder).resolve()
+        resolved = spec_file.resolve()
+        return str(resolved.relative_to(folder)) if resolved.is_relative_to(folder) else None
 
     # -- OpenLineage (lineage.py: None without the openlineage provider) -----------------
 
