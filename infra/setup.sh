@@ -8,14 +8,25 @@ if ! command -v java >/dev/null; then
   echo "error: Java 17 is required by Spark; install it (e.g. apt-get install openjdk-17-jre-headless)" >&2
   exit 1
 fi
-# Debian's PostgreSQL for the production profile's test (Airflow's metadata DB on Postgres).
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
-  && command -v apt-get >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql >/dev/null
-fi
-# The SSH gateway launcher's tests run a real sshd on 127.0.0.1 (tests/support/sshd.py).
-if [ ! -x /usr/sbin/sshd ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+# Debian server packages the tests start themselves, on 127.0.0.1 or a test host's own
+# address: installed with a policy-rc.d that forbids starting their services, so no
+# system sshd, PostgreSQL or Redis ever listens on every interface of the machine.
+install_servers() {
+  local guard=/usr/sbin/policy-rc.d placed=""
+  if [ ! -e "$guard" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$guard" && chmod +x "$guard" && placed=1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  if [ -n "$placed" ]; then rm -f "$guard"; fi
+}
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  wanted=()
+  # PostgreSQL: the production profile's test (Airflow's metadata DB on Postgres).
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || wanted+=(postgresql)
+  # sshd: the SSH gateway launcher's tests (tests/support/sshd.py).
+  [ -x /usr/sbin/sshd ] || wanted+=(openssh-server)
+  if [ "${#wanted[@]}" -gt 0 ]; then install_servers "${wanted[@]}"; fi
 fi
 # The operations page's browser tests drive Debian's Chromium (no browser download here).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
