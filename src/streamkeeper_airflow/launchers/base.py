@@ -8,6 +8,7 @@ which `ps` shows to every user of the host.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import asdict, dataclass, field
@@ -186,6 +187,26 @@ def driver_environment(request: LaunchRequest, base: dict[str, str]) -> dict[str
         env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(e) if e else e for e in entries)
     env.update(request.env)
     return env
+
+
+def detached_driver(stdout: str, job: str, secrets: list[str], hint: str = "") -> dict[str, Any]:
+    """The `{"job", "pid", "log"}` line `streamkeeper run --detach` prints last.
+
+    Raises:
+        LaunchError: no such line (what was printed instead, redacted, and `hint`).
+    """
+    from streamkeeper_airflow.errors import LaunchError
+    from streamkeeper_airflow.secrets import redact
+
+    try:
+        started = json.loads(stdout.strip().splitlines()[-1])
+        return {**started, "pid": int(started["pid"])}
+    except (IndexError, KeyError, TypeError, ValueError):
+        raise LaunchError(
+            f"`streamkeeper run --detach` printed no pid for job {job!r}: "
+            f"{redact(stdout.strip()[-500:], secrets)!r}; expected a JSON line "
+            '{"job", "pid", "log"}' + (f": {hint}" if hint else "")
+        ) from None
 
 
 def process_started_at(pid: int) -> float | None:

@@ -6,13 +6,17 @@ driver in a new session (so it outlives the task) and prints its pid and log fil
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 
 from streamkeeper_airflow.errors import LaunchError
-from streamkeeper_airflow.launchers.base import LaunchedDriver, LaunchRequest, driver_environment
+from streamkeeper_airflow.launchers.base import (
+    LaunchedDriver,
+    LaunchRequest,
+    detached_driver,
+    driver_environment,
+)
 from streamkeeper_airflow.secrets import redact
 
 DETACH_TIMEOUT = 300.0  # the CLI validates the spec before it detaches; pydantic is quick
@@ -46,13 +50,5 @@ class EmbeddedLauncher:
                 f"{request.job!r} (exit {done.returncode}): "
                 f"{redact(done.stderr.strip()[-2000:], secrets) or '(no output)'}"
             )
-        try:
-            started = json.loads(done.stdout.strip().splitlines()[-1])
-            pid = int(started["pid"])
-        except (IndexError, KeyError, TypeError, ValueError):
-            raise LaunchError(
-                f"`streamkeeper run --detach` printed no pid for job {request.job!r}: "
-                f"{redact(done.stdout.strip()[-500:], secrets)!r}; expected a JSON line "
-                '{"job", "pid", "log"}'
-            ) from None
-        return LaunchedDriver.of_process(self.name, pid, started.get("log"))
+        started = detached_driver(done.stdout, request.job, secrets)
+        return LaunchedDriver.of_process(self.name, started["pid"], started.get("log"))

@@ -47,7 +47,12 @@ from typing import Any, Literal
 from streamkeeper_airflow import settings
 from streamkeeper_airflow.errors import LaunchError
 from streamkeeper_airflow.launchers import base
-from streamkeeper_airflow.launchers.base import LaunchedDriver, LaunchRequest, driver_environment
+from streamkeeper_airflow.launchers.base import (
+    LaunchedDriver,
+    LaunchRequest,
+    detached_driver,
+    driver_environment,
+)
 from streamkeeper_airflow.secrets import redact
 
 log = logging.getLogger(__name__)
@@ -373,15 +378,13 @@ class SshGatewayLauncher:
                 f"{request.job!r} (exit {result.status}): {_tail(result, secrets)}; "
                 f"{_fix(result.status)}"
             )
-        try:
-            started = json.loads(result.stdout.strip().splitlines()[-1])
-            pid = int(started["pid"])
-        except (IndexError, KeyError, TypeError, ValueError):
-            raise LaunchError(
-                f"the {self.mode} launch of job {request.job!r} on {where} printed no pid: "
-                f"{redact(result.stdout.strip()[-500:], secrets)!r}; expected a JSON line "
-                '{"job", "pid", "log"}: check that remote_python runs streamkeeper itself'
-            ) from None
+        started = detached_driver(
+            result.stdout,
+            request.job,
+            secrets,
+            f"the {self.mode} launch on {where}: check that remote_python runs streamkeeper",
+        )
+        pid = started["pid"]
         log.info("job %s: pid %s on %s, log %s", request.job, pid, gateway.host, started.get("log"))
         return LaunchedDriver(self.name, pid, gateway.host, None, started.get("log"))
 
