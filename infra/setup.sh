@@ -26,6 +26,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || wanted+=(postgresql)
   # sshd: the SSH gateway launcher's tests (tests/support/sshd.py).
   [ -x /usr/sbin/sshd ] || wanted+=(openssh-server)
+  # Redis: the Celery broker of the distributed Airflow topology test (tests/topology/).
+  command -v redis-server >/dev/null || wanted+=(redis-server)
   if [ "${#wanted[@]}" -gt 0 ]; then install_servers "${wanted[@]}"; fi
 fi
 # The operations page's browser tests drive Debian's Chromium (no browser download here).

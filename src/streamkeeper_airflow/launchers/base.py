@@ -214,17 +214,3 @@ def process_started_at(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.Error:
         return None
-
-
-def process_alive(pid: int | None, started_at: float | None) -> bool:
-    """Is `pid` still the process that was started at `started_at` (not a reused pid)?"""
-    if not pid:
-        return False
-    try:
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        actual = process.create_time()
-    except psutil.Error:
-        return False
-    return started_at is None or abs(actual - started_at) < 1.0
