@@ -94,12 +94,31 @@ def start_seaweedfs(topology: Topology, host: str, data_dir: Path, bucket: str) 
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-master.telemetry=false",
+        *_private_seaweedfs_sockets(topology, data_dir),
     ]
     log = data_dir / "seaweedfs.log"
     topology.run(host, argv, env=env, log=log, cwd=data_dir)
     client = service.client()
     wait_for("SeaweedFS", lambda: bool(client.head_bucket(Bucket=bucket)), log)
     return service
+
+
+def _private_seaweedfs_sockets(topology: Topology, data_dir: Path) -> list[str]:
+    """SeaweedFS also listens on Unix sockets named by port, `/tmp/seaweedfs-<service>-
+    <port>.sock`, and its clients dial such a socket, if the file exists, instead of the
+    address they were given. Namespaces share the filesystem: two topologies running at
+    once (pytest -n 2) with the default ports would serve each other's requests (seen: one
+    run's S3 gateway storing chunks on the other's volume server, unreachable). Its gRPC
+    ports are therefore the run's own (from its subnet, unique among live runs), and its
+    other sockets live in its data folder."""
+    base = 20000 + 10 * int(str(topology.subnet.network_address).split(".")[2])
+    grpc = {"master": 0, "volume": 1, "filer": 2, "s3": 3, "admin": 4}
+    flags = [f"-{service}.port.grpc={base + offset}" for service, offset in grpc.items()]
+    return [
+        *flags,
+        f"-filer.localSocket={data_dir / 'filer.sock'}",
+        f"-s3.localSocket={data_dir / 's3.sock'}",
+    ]
 
 
 def start_nats(topology: Topology, host: str, data_dir: Path) -> str:
@@ -144,12 +163,17 @@ def start_spark_master(topology: Topology, host: str, work_dir: Path) -> str:
 
 
 def start_spark_worker(
-    topology: Topology, host: str, master_url: str, work_dir: Path, cores: int = 1
+    topology: Topology,
+    host: str,
+    master_url: str,
+    work_dir: Path,
+    cores: int = 1,
+    memory: str = "1g",
 ) -> None:
     """A standalone worker on `host`; its executors are its children, so on `host` too."""
     address = topology.address(host)
     argv = [find_executable("spark-class"), "org.apache.spark.deploy.worker.Worker"]
-    argv += ["--host", address, "--webui-port", "8081", "--cores", str(cores), "--memory", "1g"]
+    argv += ["--host", address, "--webui-port", "8081", "--cores", str(cores), "--memory", memory]
     argv += ["--work-dir", str(work_dir / host), master_url]
     env = {**spark_env(address), "SPARK_DAEMON_JAVA_OPTS": QUICK_JVM}
     topology.run(host, argv, env=env, log=work_dir / f"{host}.log", cwd=work_dir)
