@@ -113,6 +113,7 @@ UPGRADE = {
     "probation_checkpoints": 2,
     "handover_timeout": 300,
 }
+GONE = "(exited)"  # a process that ended before it could be looked at
 DRIVER_URL = re.compile(r"--driver-url\s+spark://CoarseGrainedScheduler@([^:\s]+):\d+")
 
 
@@ -357,26 +358,28 @@ class DriverWatch(threading.Thread):
             command = " ".join(process.info.get("cmdline") or [])
             pid = process.info["pid"]
             if "CoarseGrainedExecutorBackend" in command and pid not in self.executors:
-                host = self._host(pid)  # None: another test's topology, or none
+                host = self._host(pid)  # None: another test's topology; GONE: exited
                 found = DRIVER_URL.search(command)
-                if host is not None:
+                if host not in (None, GONE):
                     self.executors[pid] = (host, found.group(1) if found else "?")
             elif "-m streamkeeper" in command and self.jobs in command and "--run-token" in command:
-                if pid not in self.drivers:
-                    self.drivers[pid] = Sighting(pid, self._host(pid), _local_ip(pid), command)
+                host, local_ip = self._host(pid), _local_ip(pid)
+                if pid not in self.drivers and GONE not in (host, local_ip):
+                    self.drivers[pid] = Sighting(pid, host, local_ip, command)
 
     def _host(self, pid: int) -> str | None:
+        """The topology host whose namespace holds `pid`: None for any other namespace."""
         try:
             return self._namespaces.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
         except OSError:
-            return None
+            return GONE
 
 
 def _local_ip(pid: int) -> str | None:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return None
+        return GONE
     for entry in environ:
         if entry.startswith(b"SPARK_LOCAL_IP="):
             return entry.split(b"=", 1)[1].decode()
