@@ -510,16 +510,7 @@ def test_a_restart_launches_as_recorded_when_the_record_is_sound(
     place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _launch_record(place, overrides={"checkpoint.interval": "2s"})
-    from streamkeeper_airflow.operators.restart import RestartJobOperator
-
-    _failed(monkeypatch)
-    _no_launch(monkeypatch, RestartJobOperator)
-    operator = RestartJobOperator(
-        task_id="restart", job=JOB, spec_path=str(place.spec), conn_id=CONN_ID
-    )
-    with pytest.raises(Launched) as launched:
-        operator.execute(_context("restart", "monitor"))
-    request = launched.value.args[0]
+    request = _restart_request(place, monkeypatch)
     assert request.overrides["checkpoint.interval"] == "2s"
     assert request.spec_path == str(place.spec.resolve())
 
@@ -596,16 +587,8 @@ def test_a_restart_takes_no_working_directory_from_the_record(
     place: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _launch_record(place, workdir=str(place.outside.parent))
-    from streamkeeper_airflow.operators.restart import RestartJobOperator
-
-    _failed(monkeypatch)
-    _no_launch(monkeypatch, RestartJobOperator)
-    operator = RestartJobOperator(
-        task_id="restart", job=JOB, spec_path=str(place.spec), conn_id=CONN_ID
-    )
-    with pytest.raises(Launched) as launched:
-        operator.execute(_context("restart", "monitor"))
-    assert launched.value.args[0].workdir == str((place.base / "work").resolve())
+    request = _restart_request(place, monkeypatch)
+    assert request.workdir == str((place.base / "work").resolve())
 
 
 # -- upgrade and rollback Params ------------------------------------------------------------
