@@ -185,9 +185,15 @@ def _shot(driver: Any, name: str) -> None:
 
 
 def _wait(driver: Any, condition: Any, timeout: float, what: str) -> Any:
+    """Wait for `condition`, asking again when the page re-rendered an element between
+    finding it and reading it (the page refreshes on its own while the test reads)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.5).until(condition, what)
+    waiting = WebDriverWait(
+        driver, timeout, poll_frequency=0.5, ignored_exceptions=[StaleElementReferenceException]
+    )
+    return waiting.until(condition, what)
 
 
 def _log_in(driver: Any, services: AirflowServices) -> None:
@@ -225,10 +231,14 @@ document.addEventListener("securitypolicyviolation",
 
 
 def _savepoint_ids(driver: Any) -> set[str]:
-    from selenium.webdriver.common.by import By
-
-    rows = driver.find_elements(By.CSS_SELECTOR, "#savepoints tbody tr[data-savepoint-id]")
-    return {row.get_attribute("data-savepoint-id") for row in rows}
+    # In one script: the page replaces the rows on each refresh, so rows found by one
+    # call can be gone by the next.
+    return set(
+        driver.execute_script(
+            "return [...document.querySelectorAll("
+            "'#savepoints tbody tr[data-savepoint-id]')].map((row) => row.dataset.savepointId)"
+        )
+    )
 
 
 # Ink (non-transparent pixels) that uPlot drew on its canvas left of the plot area (the
@@ -391,13 +401,15 @@ def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
         with _api(services, _token(services, "admin")) as admin:
             _check_driver_log_link(driver, admin, start_run, place)
         _open_page(driver, services)
-        row = _wait(
+        state = _wait(
             driver,
-            lambda d: d.find_element(By.CSS_SELECTOR, f"tr[data-job='{JOB}'] [data-state]"),
+            lambda d: d.find_element(
+                By.CSS_SELECTOR, f"tr[data-job='{JOB}'] [data-state]"
+            ).get_attribute("data-state"),
             60,
             "the job's row",
         )
-        assert row.get_attribute("data-state") == "RUNNING", row.text
+        assert state == "RUNNING", driver.find_element(By.ID, "jobs").text
         driver.switch_to.default_content()
         _shot(driver, "02-jobs-in-airflow")
         _open_page(driver, services)
@@ -425,16 +437,23 @@ def test_log_in_see_the_running_job_and_take_a_savepoint_from_the_page(
         assert f"{JOB}.savepoint" in driver.find_element(By.ID, "confirm-conf").text
         _shot(driver, "04-confirm-savepoint")
         driver.find_element(By.ID, "confirm-ok").click()
-        info = _wait(driver, lambda d: d.find_element(By.ID, "last-run-info"), 30, "the run")
-        assert info.get_attribute("data-dag-id") == f"{JOB}.savepoint"
-        _wait(
+        dag_id = _wait(
             driver,
-            lambda d: d.find_element(By.ID, "last-run-info").get_attribute("data-state")
-            in ("success", "failed"),
+            lambda d: d.find_element(By.ID, "last-run-info").get_attribute("data-dag-id"),
+            30,
+            "the run",
+        )
+        assert dag_id == f"{JOB}.savepoint"
+        state = _wait(
+            driver,
+            lambda d: (
+                (s := d.find_element(By.ID, "last-run-info").get_attribute("data-state"))
+                in ("success", "failed")
+                and s
+            ),
             300,
             "the savepoint DAG run to finish",
         )
-        state = driver.find_element(By.ID, "last-run-info").get_attribute("data-state")
         assert state == "success", driver.find_element(By.ID, "last-run").text
         _wait(driver, lambda d: _savepoint_ids(d) - before, 30, "the new savepoint in the list")
         new = _savepoint_ids(driver) - before
