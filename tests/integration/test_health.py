@@ -64,6 +64,17 @@ def test_history_rows_agree_with_the_query_progress(tmp_path: Path) -> None:
     assert all(0 < r["state_rows"] <= 100 for r in rows)
     assert all(r["duration_ms"] >= r["write_ms"] > 0 for r in rows)
     assert rows[-1]["state_rows"] == len(_totals(spec))
+    # Each commit marker says where its visibility delay went: its parts add up to at
+    # most the whole, and every table of the job has its own.
+    paths = resolve_paths(spec)
+    store = paths.root.store()
+    for row in rows:
+        marker = store.read_json(paths.layout.marker(row["commit_seq"]))
+        phases = marker["visibility_phases_ms"]
+        assert set(phases["tables"]) == {"totals", "changes"}, phases
+        parts = [phases["noticed"], phases["checkpoint"], *phases["tables"].values()]
+        assert all(part >= 0 for part in parts), phases
+        assert sum(parts) <= marker["visibility_delay_ms"] + 1.0, (phases, marker)
 
 
 def test_a_failed_batch_within_tolerance_restarts_and_stays_exact(

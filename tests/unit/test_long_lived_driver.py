@@ -89,3 +89,16 @@ def test_protected_versions_keep_the_markers_of_the_seqs_protected_now(tmp_path:
         assert versions.floors() == {"t": 0}
 
     assert set(versions._versions) == {0, 5, 19}
+
+
+def test_the_committer_looks_often_only_while_a_batch_has_just_ended(tmp_path: Path) -> None:
+    """A submitted manifest's `commits/N` is due within ms: looked for every 2 ms for a
+    second, then at the slow pace (a query that failed leaves its manifest queued)."""
+    coordinator = _coordinator(tmp_path)
+    assert coordinator._poll_wait() == coordinator_module.POLL_SECONDS  # nothing queued
+
+    coordinator.submit(_manifest(0))
+    assert coordinator._poll_wait() == coordinator_module.FAST_POLL_SECONDS
+
+    coordinator._head_since -= coordinator_module.FAST_POLL_WINDOW + 0.1  # a second later
+    assert coordinator._poll_wait() == coordinator_module.POLL_SECONDS
