@@ -75,7 +75,12 @@ def assert_exact(spec: JobSpec, events: Positioned, field_name: str, before: int
     ends = batch_ends(Path(spec.checkpoint.dir or ""), field_name)
     assert ends and ends[-1] >= max(p for p, _ in events), f"input not fully read: {ends}"
     ranges = zip([before, *ends[:-1]], ends, strict=True)
-    batches = [[e for p, e in events if low < p <= high] for low, high in ranges]
+    assert_tables_hold(spec, [[e for p, e in events if low < p <= high] for low, high in ranges])
+    return len(ends)
+
+
+def assert_tables_hold(spec: JobSpec, batches: list[list[Event]]) -> None:
+    """The job's `totals` and `changes` tables equal the reference of these batches."""
     totals, changes = reference(batches)
     targets = resolve_paths(spec).targets
 
@@ -85,7 +90,6 @@ def assert_exact(spec: JobSpec, events: Positioned, field_name: str, before: int
 
     assert {r["key"]: (r["events"], r["total"]) for r in rows("totals")} == totals
     assert sorted((r["key"], r["events"], r["total"]) for r in rows("changes")) == changes
-    return len(ends)
 
 
 def _run(spec: JobSpec) -> Any:

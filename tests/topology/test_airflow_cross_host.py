@@ -48,7 +48,7 @@ from streamkeeper.reader import read_table_rows
 from streamkeeper.runtime.job import resolve_paths
 from streamkeeper.spec import load_spec
 from streamkeeper.upgrade.record import UpgradeRecord, UpgradeRecords
-from tests.integration.test_sources import NatsStream, reference
+from tests.integration.test_sources import NatsStream, assert_tables_hold, reference
 from tests.support.services.launch import base_env
 from tests.support.services.postgres import postgres_bin
 from tests.support.topology import Topology, unavailable_reason
@@ -711,14 +711,5 @@ def _exact_output(world: World, record: UpgradeRecord) -> int:
     events = world.stream.events()
     assert ranges and ranges[-1][1] >= max(p for p, _ in events), f"input not all read: {ranges}"
     batches = [[e for p, e in events if low < p <= high] for low, high in ranges]
-    totals, changes = reference(batches)
-    spec = load_spec(world.spec_path)
-    targets = resolve_paths(spec).targets
-
-    def rows(sink: str) -> list[dict[str, Any]]:
-        location = targets[sink].location
-        return read_table_rows(location.uri, location=location)
-
-    assert {r["key"]: (r["events"], r["total"]) for r in rows("totals")} == totals
-    assert sorted((r["key"], r["events"], r["total"]) for r in rows("changes")) == changes
+    assert_tables_hold(load_spec(world.spec_path), batches)
     return len(ranges)
