@@ -111,7 +111,12 @@ def test_spark_submit_mode_detaches_and_prints_the_pid(tmp_path: Path) -> None:
     try:
         assert started["job"] == "keyed-totals"
         assert log == workdir / ".streamkeeper" / "logs" / "keyed-totals.spark-submit.log"
-        assert os.getsid(pid) == pid  # a session of its own: survives the SSH session
+        # A session of its own (survives the SSH session). setsid runs in the background
+        # child just after the script printed its pid, so give it a moment to get there.
+        deadline = time.monotonic() + 10
+        while os.getsid(pid) != pid:
+            assert time.monotonic() < deadline, f"sid {os.getsid(pid)} != pid {pid}"
+            time.sleep(0.02)
         entry = workdir / ".streamkeeper" / "airflow" / "streamkeeper_driver.py"
         assert entry.read_text() == DRIVER_ENTRY
         deadline = time.monotonic() + 10
