@@ -5,10 +5,13 @@ Each side runs the sample job's query (keyed-totals over JSON files, 1 s trigger
 local storage from its own checkpoint: streamkeeper's driver (`streamkeeper run`: WAL,
 fence, commit protocol, Delta tables) and `plain_query.py` (the same query, source,
 transform and session settings, Parquet appended by foreachBatch). Each round, for each
-side in turn: SIGKILL the driver, add one events file, start it again, and time from the
+side in turn (the order alternates): add one events file, start the driver, time from the
 process's start to its first new committed batch (streamkeeper: the commit's time in
-the job's head marker; plain: the mtime of Spark's new `commits/N`). Medians, and their
-ratio (target: at most 1.1, issue 26).
+the job's head marker; plain: the mtime of Spark's new `commits/N`), then SIGKILL it. So
+every timed start is a restart after a SIGKILL, and only one driver runs at a time (the
+other side's idle driver would take CPU from the start being timed, unevenly). Medians,
+their ratio (target: at most 1.1, issue 26) and the median of each of streamkeeper's start
+phases, read from its `start phases` log line.
 
     .venv/bin/python benchmarks/restart_vs_plain.py [--rounds 5]
 
@@ -19,6 +22,7 @@ set (the tests' setting); without, both run with the JVM's defaults.
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import statistics
 import subprocess
@@ -121,17 +125,18 @@ def main() -> int:
     args = parser.parse_args()
     place = Path(tempfile.mkdtemp(prefix="sk-restart-"))
     sides = [Streamkeeper("streamkeeper", place / "ours"), Plain("plain", place / "plain")]
-    for side in sides:
-        side.work.mkdir(parents=True)
-        side.add_file()
-        side.first_commit(side.start())  # the first start (its JIT, the empty state) aside
     times: dict[str, list[float]] = {side.name: [] for side in sides}
     try:
+        for side in sides:  # the first start (the empty state, the tables made) aside
+            side.work.mkdir(parents=True)
+            side.add_file()
+            side.first_commit(side.start())
+            side.kill()
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else reversed(sides):
-                side.kill()
                 side.add_file()
                 seconds = side.first_commit(side.start())
+                side.kill()
                 times[side.name].append(seconds)
                 print(f"round {round_ + 1} {side.name:<13} {seconds:6.2f} s", flush=True)
     finally:
@@ -142,7 +147,21 @@ def main() -> int:
     ours, plain = (statistics.median(times[s.name]) for s in sides)
     print(f"restart to first new commit, median: streamkeeper {ours:.2f} s, plain {plain:.2f} s")
     print(f"ratio streamkeeper / plain: {ours / plain:.2f} (target <= 1.1)")
+    print_start_phases(sides[0].work)
     return 0
+
+
+def print_start_phases(work: Path) -> None:
+    """The median of each phase over the timed restarts (the log's `start phases` line)."""
+    laps: dict[str, list[float]] = {}
+    for log in sorted(work.glob("driver-*.log"))[1:]:  # the first start aside, as above
+        for line in log.read_text(errors="replace").splitlines():
+            if "start phases: " in line:
+                phases = line.split("start phases: ", 1)[1].split("; ")[0]
+                for name, seconds in re.findall(r"(.+?) ([0-9.]+) s(?:, |$)", phases):
+                    laps.setdefault(name.strip(), []).append(float(seconds))
+    parts = ", ".join(f"{name} {statistics.median(s):.2f} s" for name, s in laps.items())
+    print(f"streamkeeper's start phases, medians: {parts}")
 
 
 if __name__ == "__main__":

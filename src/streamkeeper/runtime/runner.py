@@ -46,6 +46,7 @@ from streamkeeper.runtime.commands import CommandExecutor, Outcome
 from streamkeeper.runtime.job import JobPaths, build_output, check_tables, resolve_paths
 from streamkeeper.runtime.options import RunOptions
 from streamkeeper.runtime.ownership import LineageStart
+from streamkeeper.runtime.python_workers import warm_python_workers
 from streamkeeper.runtime.savepointing import QueryAttempt, SavepointRequest, SavepointTaker
 from streamkeeper.runtime.session import build_session
 from streamkeeper.runtime.start_phases import StartPhases
@@ -165,6 +166,7 @@ class JobRunner:
             self._probe()
             spark = build_session(self.spec, self.options.master)
             log.info("spark session ready (master %s)", spark.sparkContext.master)
+            warm_python_workers(spark)  # while the plan, fence and recovery run
             self._spark = spark
             self._output = build_output(spark, self.spec, self.options.spec_dir)
             self._schemas = check_tables(self.spec, self.paths, self._output)
