@@ -15,13 +15,17 @@ phases, read from its `start phases` log line.
 
     .venv/bin/python benchmarks/restart_vs_plain.py [--rounds 5]
 
-`infra/driver_jvm.sh`'s class-data archive is used by both sides when its variables are
-set (the tests' setting); without, both run with the JVM's defaults.
+`--class-data-archive PATH` (made by `streamkeeper driver-archive PATH`) gives both sides
+the archive, each the way its users would: the spec's `spark.class_data_archive` for
+streamkeeper, `--driver-java-options` for plain PySpark. Without it both run with the
+JVM's defaults (unset PYSPARK_SUBMIT_ARGS if `infra/driver_jvm.sh` was sourced).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import signal
 import statistics
@@ -36,7 +40,6 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from benchmarks.loadgen import driver_command, driver_env, machine  # noqa: E402
 from jobs.keyed_totals.sample_events import write_event_files  # noqa: E402
-from streamkeeper.client import StreamkeeperClient  # noqa: E402
 
 JOB = "keyed-totals"
 EVENTS_PER_FILE = 2_000
@@ -45,8 +48,8 @@ EVENTS_PER_FILE = 2_000
 class Side:
     """One driver process and how to tell its newest committed batch."""
 
-    def __init__(self, name: str, work: Path) -> None:
-        self.name, self.work = name, work
+    def __init__(self, name: str, work: Path, archive: Path | None = None) -> None:
+        self.name, self.work, self.archive = name, work, archive
         self.events = work / "events"
         self.process: subprocess.Popen | None = None
         self.files = 0
@@ -59,6 +62,9 @@ class Side:
         """Seconds from `started` to a batch committed after it, or None yet."""
         raise NotImplementedError
 
+    def env(self) -> dict[str, str]:
+        return driver_env()
+
     def add_file(self) -> None:
         write_event_files(
             self.events, files=1, events_per_file=EVENTS_PER_FILE, first_file=self.files
@@ -70,7 +76,12 @@ class Side:
         self.lives += 1
         started = time.time()
         self.process = subprocess.Popen(
-            self.argv(), cwd=self.work, env=driver_env(), stdout=log, stderr=log
+            self.argv(),
+            cwd=self.work,
+            env=self.env(),
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # its own process group: the JVM dies with it
         )
         return started
 
@@ -87,26 +98,52 @@ class Side:
         raise SystemExit(f"{self.name}: no commit within {timeout} s; see {self.work}")
 
     def kill(self) -> None:
+        """SIGKILL the driver's whole process group: Python, its JVM, its Python workers.
+
+        Killing only the Python process would leave its JVM shutting down (gracefully,
+        for seconds) while the next start is timed.
+        """
         assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
+        os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        deadline = time.monotonic() + 10  # a zombie nobody reaps still counts as alive
+        while _group_alive(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class Streamkeeper(Side):
     def argv(self) -> list[str]:
-        return driver_command(self.work / "data", self.work / "checkpoint", self.events, "1s")
+        sets = [] if self.archive is None else [f"spark.class_data_archive={self.archive}"]
+        return driver_command(
+            self.work / "data", self.work / "checkpoint", self.events, "1s", *sets
+        )
 
     def committed_after(self, started: float) -> float | None:
-        try:
-            head = StreamkeeperClient(str(self.work / "data")).status(JOB).head
-        except Exception:  # noqa: BLE001 - not registered yet
-            return None
-        if head is None or (head.committed_at or 0) <= started:
-            return None
-        return float(head.committed_at) - started
+        # The commit markers themselves, as cheap to poll as plain's `commits/`: a
+        # status() every 50 ms would take CPU from the start being timed.
+        markers = self.work / "data" / "lineages" / JOB / "markers"
+        newer = [p for p in markers.glob("*.json") if p.stat().st_mtime > started]
+        times = [json.loads(p.read_text())["committed_at"] for p in newer]
+        return min(times) - started if times else None
 
 
 class Plain(Side):
+    def env(self) -> dict[str, str]:
+        env = driver_env()
+        if self.archive is not None:  # what a plain PySpark user would pass
+            env["PYSPARK_SUBMIT_ARGS"] = (
+                f"--driver-java-options '-XX:SharedArchiveFile={self.archive}' pyspark-shell"
+            )
+        return env
+
     def argv(self) -> list[str]:
         script = Path(__file__).with_name("plain_query.py")
         return [sys.executable, str(script), str(self.events), str(self.work / "checkpoint"),
@@ -122,9 +159,19 @@ class Plain(Side):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--class-data-archive",
+        type=Path,
+        help="an archive from `streamkeeper driver-archive`, for both sides (streamkeeper: "
+        "spark.class_data_archive; plain: --driver-java-options)",
+    )
     args = parser.parse_args()
     place = Path(tempfile.mkdtemp(prefix="sk-restart-"))
-    sides = [Streamkeeper("streamkeeper", place / "ours"), Plain("plain", place / "plain")]
+    archive = args.class_data_archive
+    sides = [
+        Streamkeeper("streamkeeper", place / "ours", archive),
+        Plain("plain", place / "plain", archive),
+    ]
     times: dict[str, list[float]] = {side.name: [] for side in sides}
     try:
         for side in sides:  # the first start (the empty state, the tables made) aside

@@ -752,6 +752,23 @@ def upgrades(
         typer.echo(line)
 
 
+@app.command("driver-archive")
+def driver_archive(
+    path: Annotated[Path, typer.Argument(help="Where to write the archive (e.g. .jsa).")],
+) -> None:
+    """Make a class-data sharing archive for this host's drivers (Spark's classes mapped at
+    start, not loaded); name it in a spec's spark.class_data_archive. Make it again after
+    upgrading Java or pyspark: a JVM ignores an archive that does not match it."""
+    from streamkeeper.runtime.class_data import create_archive
+
+    try:
+        size = create_archive(path)
+    except StreamkeeperError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(json.dumps({"archive": str(path.expanduser().absolute()), "bytes": size}))
+
+
 def main() -> None:
     app()
 

@@ -351,6 +351,19 @@ class SparkSpec(_Strict):
     master: str = "local[*]"
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
     conf: dict[str, str] = Field(default_factory=dict)
+    # A class-data sharing archive the driver's JVM maps at start (`streamkeeper
+    # driver-archive PATH` makes one): an absolute path on the driver's host.
+    class_data_archive: str | None = None
+
+    @field_validator("class_data_archive")
+    @classmethod
+    def _archive_path(cls, value: str | None) -> str | None:
+        if value is not None and (not value.startswith("/") or any(c.isspace() for c in value)):
+            raise ValueError(
+                f"spark.class_data_archive {value!r} must be an absolute path without spaces "
+                "on the driver's host, e.g. /opt/streamkeeper/spark-driver.jsa"
+            )
+        return value
 
 
 _CRON = re.compile(

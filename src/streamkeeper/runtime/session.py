@@ -6,6 +6,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from streamkeeper.runtime.class_data import driver_java_options
 from streamkeeper.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def build_session(spec: JobSpec, master: str | None = None) -> SparkSession:
     for key, value in {
         **state_backend_conf(spec),
         **spec.spark.conf,
+        **driver_java_options(spec),
         **retention_conf(spec),
     }.items():
         builder = builder.config(key, value)
