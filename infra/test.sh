@@ -13,4 +13,4 @@ source infra/driver_jvm.sh
 # `loadgroup` hands out one test at a time to whichever worker is free (`load` sends each
 # worker a block of consecutive tests up front, which put every long chaos test, collected
 # first, on one worker); with the longest collected first this is longest-first scheduling.
-"$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=25 "$@"
+"$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=60 "$@"

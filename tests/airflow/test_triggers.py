@@ -283,8 +283,14 @@ def _scripted(script: list[str], **overrides: Any) -> dict[str, Any]:
     return _run(_Scripted(**COMMON | overrides))
 
 
-def test_the_default_tolerates_three_failed_polls_in_a_row() -> None:
+def test_the_default_tolerates_fifteen_seconds_of_failed_polls() -> None:
     assert ControlPlaneTrigger(conn_id="c", job="j").tolerated_failures == 3
+    # A faster poll tolerates as long an outage: more polls, the same 15 s.
+    assert ControlPlaneTrigger(conn_id="c", job="j", poll_interval=1).tolerated_failures == 15
+    assert ControlPlaneTrigger(conn_id="c", job="j", poll_interval=0.4).tolerated_failures == 38
+    assert ControlPlaneTrigger(conn_id="c", job="j", poll_interval=60).tolerated_failures == 1
+    with pytest.raises(ValueError, match="poll_interval 0 is not positive"):
+        ControlPlaneTrigger(conn_id="c", job="j", poll_interval=0)
     with pytest.raises(ValueError, match="tolerated_failures -1 is negative"):
         ControlPlaneTrigger(conn_id="c", job="j", tolerated_failures=-1)
 

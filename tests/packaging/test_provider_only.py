@@ -56,6 +56,7 @@ def provider_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     started = time.monotonic()
     installed = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "--no-compile",  # bytecode is not under test: imports compile what they use
          "-c", str(REPO / "requirements.txt"), _pinned("apache-airflow"),
          str(source), str(source / "provider")],
         capture_output=True, text=True, timeout=900,

@@ -77,7 +77,10 @@ class StartJobOperator(BaseOperator):
             `[streamkeeper] spec_folders` adds more. See launch_policy.py for what a
             trigger may override and which masters it may pick.
         start_timeout: seconds to wait for the driver to run and checkpoint.
-        poll_interval: seconds between control-plane polls while deferred.
+        poll_interval: seconds between control-plane polls while deferred (1 s: a start
+            waits seconds, not minutes, and a longer poll adds half of itself to every
+            start DAG; storage outages are tolerated for as long as at 5 s, see
+            triggers/base.py).
         openlineage_inject_parent_job_info: pass this task's OpenLineage run to the driver
             as its parent (Spark properties, lineage.py); default `[openlineage]
             spark_inject_parent_job_info`, as for the Spark provider's operators.
@@ -121,7 +124,7 @@ class StartJobOperator(BaseOperator):
         workdir: str | None = None,
         jobs_folder: str | None = None,
         start_timeout: float | str = 900.0,
-        poll_interval: float = 5.0,
+        poll_interval: float = 1.0,
         openlineage_inject_parent_job_info: bool | None = None,
         **kwargs: Any,
     ) -> None:

@@ -18,6 +18,7 @@ operator's `execute_complete` raises on "error". No event holds a credential.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -35,9 +36,14 @@ DEFAULT_POLL_SECONDS = 5.0
 # trigger fires before it has drained the executor's event of the deferring attempt
 # (apache/airflow#72716, #66374); waiting first leaves it that time.
 SETTLE_SECONDS = 5.0
-# Failed polls in a row that are tolerated: with the default poll interval, storage may be
-# unreachable for about 15 s (plus the client's own retries) before a wait fails.
-DEFAULT_TOLERATED_FAILURES = 3
+# How long storage may be unreachable (plus the client's own retries) before a wait fails:
+# by default a trigger tolerates as many failed polls in a row as fit in it (3 at 5 s).
+TOLERATED_OUTAGE_SECONDS = 15.0
+
+
+def tolerated_failures_for(poll_interval: float) -> int:
+    """Failed polls in a row that span TOLERATED_OUTAGE_SECONDS at this interval."""
+    return max(1, math.ceil(TOLERATED_OUTAGE_SECONDS / poll_interval))
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,8 @@ class ControlPlaneTrigger(BaseTrigger):
         poll_interval: seconds between polls.
         deadline: seconds since the epoch after which the trigger reports an error.
         settle: seconds before the first check (see SETTLE_SECONDS).
-        tolerated_failures: polls that raise, in a row, before the error is reported.
+        tolerated_failures: polls that raise, in a row, before the error is reported
+            (default: as many as span TOLERATED_OUTAGE_SECONDS).
     """
 
     def __init__(
@@ -82,9 +89,13 @@ class ControlPlaneTrigger(BaseTrigger):
         poll_interval: float = DEFAULT_POLL_SECONDS,
         deadline: float | None = None,
         settle: float = SETTLE_SECONDS,
-        tolerated_failures: int = DEFAULT_TOLERATED_FAILURES,
+        tolerated_failures: int | None = None,
     ) -> None:
         super().__init__()
+        if float(poll_interval) <= 0:
+            raise ValueError(f"poll_interval {poll_interval!r} is not positive; expected seconds")
+        if tolerated_failures is None:
+            tolerated_failures = tolerated_failures_for(float(poll_interval))
         if int(tolerated_failures) < 0:
             raise ValueError(
                 f"tolerated_failures {tolerated_failures!r} is negative; expected 0 (report "
