@@ -8,6 +8,9 @@ export SPARK_LOCAL_IP=127.0.0.1 PYSPARK_PYTHON="$PWD/$VENV/bin/python"
 # Drivers start in about 10 s instead of 17 (a class-data archive): the chaos tests start hundreds.
 source infra/driver_jvm.sh
 "$VENV/bin/ruff" check src tests benchmarks jobs infra dags plugins
+# Bytecode for this tree, once: with PYTHONDONTWRITEBYTECODE set (as on CI machines) every
+# driver, task process and test worker would otherwise compile what it imports from source.
+"$VENV/bin/python" -m compileall -q src provider/src tests jobs dags plugins infra benchmarks >/dev/null
 "$VENV/bin/ruff" format --check src tests benchmarks jobs infra dags plugins
 # Two workers: most of the time goes to drivers starting up, which a second one overlaps.
 # `loadgroup` hands out one test at a time to whichever worker is free (`load` sends each
