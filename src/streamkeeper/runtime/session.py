@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from streamkeeper.runtime.class_data import driver_java_options
@@ -11,6 +14,15 @@ from streamkeeper.spec import JobSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+# PySpark 4.2's py4j converter for Python lists (`can_convert` in pyspark/sql/types.py)
+# imports this module, and with it pandas, unittest and protobuf, on the first JVM call
+# after the gateway starts: about 0.4 s of CPU on the critical path of every start. It is
+# imported in the background while the gateway's JVM launches (a second or more of
+# waiting), so the call finds it loaded. Plain PySpark pays it after the launch.
+CONVERTER_IMPORT = "pyspark.testing.utils"
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -84,6 +96,29 @@ def build_session(spec: JobSpec, master: str | None = None) -> SparkSession:
         **retention_conf(spec),
     }.items():
         builder = builder.config(key, value)
+    import_in_background(CONVERTER_IMPORT)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("STREAMKEEPER_SPARK_LOG_LEVEL", "WARN"))
     return session
+
+
+def import_in_background(module: str) -> threading.Thread | None:
+    """Import `module` in a daemon thread, unless it is loaded; None then.
+
+    Only the timing depends on it: a failed import is logged at DEBUG, and whoever needs
+    the module imports it (Python's import lock makes them wait for this one).
+    """
+    if module in sys.modules:
+        return None
+    thread = threading.Thread(
+        target=_import_quietly, args=(module,), name=f"streamkeeper-import-{module}", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the caller's own import reports it
+        log.debug("could not import %s ahead of Spark's first call", module, exc_info=True)
