@@ -22,7 +22,7 @@ from streamkeeper.state.export import export_canonical
 from streamkeeper.state.format import OperatorState
 from streamkeeper.state.positions import read_source_positions
 from streamkeeper.state.restore import RestoreReport, restore_canonical
-from streamkeeper.state.spark_state import state_frame
+from streamkeeper.state.spark_state import session_conf, state_frame
 from streamkeeper.storage import Location
 from tests.integration.jobs import state_jobs
 from tests.support.state import (
@@ -126,6 +126,34 @@ def test_changed_code_on_another_partition_count_continues_exactly(
     state = state_frame(spark, tmp_path / "new", 4, 0)
     misplaced = state.where(f"partition_id != pmod(hash(key), {partitions})").count()
     assert (misplaced, state.count()) == (0, 40)
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_the_restored_files_are_in_the_checkpoints_codec(
+    spark: SparkSession, tmp_path: Path, codec: str
+) -> None:
+    """lz4 (Spark's default): the tasks write each partition's file; any other codec
+    goes through the driver and Spark's own codec. Both continue exactly."""
+    from streamkeeper.state.hdfs_files import decompress, parse_records
+
+    events = tmp_path / "events"
+    files = write_events(events, files=3, per_file=200)
+    with state_store(spark, "hdfs", 2):
+        before = run_query(state_jobs.totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "t"})
+    files += write_events(events, files=2, per_file=200, first_file=3)
+    new_output = state_jobs.totals(stream(spark, events))
+    codec_key = "spark.sql.streaming.stateStore.compression.codec"
+    with session_conf(spark, {codec_key: codec}):
+        savepoint.restore(spark, new_output, tmp_path / "new", new_uids={0: "t"})
+    with state_store(spark, "hdfs", 5):
+        after = run_query(new_output, tmp_path / "new")
+
+    assert totals_of(before) | totals_of(after) == reference_totals(all_events(files))
+    # Every partition's restored version holds its share of the savepoint's keys.
+    restored = [tmp_path / "new" / "state" / "0" / str(p) / "2.delta" for p in range(3)]
+    keys = [len(parse_records(decompress(f.read_bytes(), codec))[0]) for f in restored]
+    assert sum(keys) == savepoint.operators[0].rows and all(keys), keys
 
 
 @pytest.mark.parametrize("backend", ["hdfs", "rocksdb"])

@@ -7,8 +7,9 @@ schema and encoded as UnsafeRows (unsafe_row.py).
 
 - HDFS-backed store: each partition's rows go into `state/{op}/{p}/{v}.delta`, the
   store's own file: per record the key's length, the key, the value's length, the value
-  (big-endian ints), -1 at the end, compressed with the checkpoint's codec (Spark's, on
-  the driver). The store refuses to be written empty any other way.
+  (big-endian ints), -1 at the end, compressed with the checkpoint's codec: lz4 (Spark's
+  default) by the tasks, one per partition; any other through Spark's codec on the
+  driver. The store refuses to be written empty any other way.
 - RocksDB: Spark's state rewriter (`StateRewriter`, what `repartition` uses) writes each
   partition's rows on the executors through `StatePartitionAllColumnFamiliesWriter`,
   with the encoder and column families Spark derives from the operator's metadata; it
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from streamkeeper.errors import CheckpointRestoreError
 from streamkeeper.state.schema import ValuePlan, arrow_type, reshape
 from streamkeeper.state.unsafe_row import encode_struct
 from streamkeeper.storage import Location
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 
 READ_BATCH_ROWS = 65_536
 CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
+LZ4_BLOCK_CONF = "spark.io.compression.lz4.blockSize"
 DEFAULT_STORE = "default"
 
 
@@ -122,7 +125,112 @@ def write_hdfs_version(
     version: int,
     codec: str,
 ) -> None:
-    """Write `frame`'s rows as version `version` of every partition's `.delta` file."""
+    """Write `frame`'s rows as version `version` of every partition's `.delta` file.
+
+    With Spark's default codec (lz4) the tasks write the files: task p of a shuffle on
+    the state's own partitioning holds partition p's rows, frames and compresses them
+    (hdfs_files.lz4_stream_compress) and renames the file into place, so no row passes
+    through the driver. The directory must be one the executors share with the driver,
+    as Spark's state store needs it to be. Other codecs go through the driver and
+    Spark's own codec.
+    """
+    operator_dir = checkpoint_dir / "state" / str(operator_id)
+    if codec != "lz4":
+        _write_hdfs_on_driver(spark, frame, operator_dir, partitions, version, codec)
+        return
+    from pyspark.sql import functions as F
+
+    block_size = spark.sparkContext._jsc.sc().conf().getSizeAsBytes(LZ4_BLOCK_CONF, "32k")
+    writer = _PartitionFiles(str(operator_dir), version, int(block_size))
+    # Spark's HashPartitioning is pmod(Murmur3(columns, 42), n), the state's partition:
+    # task p gets partition p's rows (each task checks it).
+    written = (
+        frame.repartition(partitions, "partition_key")
+        .select(
+            F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
+            "key_bytes",
+            "value_bytes",
+        )
+        .mapInArrow(writer, "partition int, rows long")
+        .collect()
+    )
+    for partition in sorted(set(range(partitions)) - {row.partition for row in written}):
+        # Spark runs no Python for a partition without rows: its file is written here.
+        writer.write(partition, frame_records(*_no_rows()))
+    files = [operator_dir / str(p) / f"{version}.delta" for p in range(partitions)]
+    missing = [p for p, file in enumerate(files) if not file.is_file()]
+    if missing:
+        raise CheckpointRestoreError(
+            f"the executors wrote the restored state of partitions {missing} where this "
+            f"driver cannot see it ({operator_dir}): put the checkpoint on a file system "
+            "that the driver and the executors share (Spark's state store needs one)"
+        )
+
+
+def _no_rows() -> tuple[pa.Array, pa.Array]:
+    import pyarrow as pa
+
+    return pa.array([], pa.binary()), pa.array([], pa.binary())
+
+
+class _PartitionFiles:
+    """Task side: one partition's rows -> its `{version}.delta` file (picklable)."""
+
+    def __init__(self, operator_dir: str, version: int, block_size: int) -> None:
+        self.operator_dir = operator_dir
+        self.version = version
+        self.block_size = block_size
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        partition = TaskContext.get().partitionId()
+        received = list(batches)
+        table = pa.Table.from_batches(received) if received else _input_schema().empty_table()
+        found = set(table.column("partition").unique().to_pylist())
+        if found - {partition}:
+            raise RuntimeError(
+                f"task {partition} of the restore's state writer got rows of state "
+                f"partitions {sorted(found)}: Spark's partitioning is not the state's"
+            )
+        self.write(partition, frame_records(table.column("key_bytes"), table.column("value_bytes")))
+        yield pa.RecordBatch.from_pydict(
+            {"partition": [partition], "rows": [table.num_rows]},
+            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]),
+        )
+
+    def write(self, partition: int, body: np.ndarray) -> None:
+        """Compress `body` into the partition's file (a temp file, then a rename)."""
+        from streamkeeper.state.hdfs_files import lz4_stream_compress
+
+        target = Path(self.operator_dir) / str(partition) / f"{self.version}.delta"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        try:
+            temp.write_bytes(lz4_stream_compress(body, self.block_size))
+            temp.replace(target)
+        finally:
+            temp.unlink(missing_ok=True)
+
+
+def _input_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [("partition", pa.int32()), ("key_bytes", pa.binary()), ("value_bytes", pa.binary())]
+    )
+
+
+def _write_hdfs_on_driver(
+    spark: SparkSession,
+    frame: DataFrame,
+    operator_dir: Path,
+    partitions: int,
+    version: int,
+    codec: str,
+) -> None:
+    """The rows through the driver's memory, compressed by Spark's codec (any codec)."""
     from pyspark.sql import functions as F
 
     rows = frame.select(
@@ -138,8 +246,7 @@ def write_hdfs_version(
     for partition in range(partitions):
         part = rows.slice(bounds[partition], bounds[partition + 1] - bounds[partition])
         body = frame_records(part.column("key_bytes"), part.column("value_bytes"))
-        target = checkpoint_dir / "state" / str(operator_id) / str(partition) / f"{version}.delta"
-        jvm.write_compressed(body, target)
+        jvm.write_compressed(body, operator_dir / str(partition) / f"{version}.delta")
 
 
 def frame_records(keys: pa.Array, values: pa.Array) -> np.ndarray:
