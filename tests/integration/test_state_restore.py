@@ -156,6 +156,51 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     assert sum(keys) == savepoint.operators[0].rows and all(keys), keys
 
 
+def test_a_bootstrap_prepared_before_the_savepoint_is_taken_by_the_restore(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An upgrade's green bootstraps while blue runs; the restore then starts at step 3.
+    A prepared bootstrap that does not fit (another partition count) is run again."""
+    from streamkeeper.state.restore import prepare_bootstrap
+
+    events = tmp_path / "events"
+    files = write_events(events, files=3, per_file=200)
+    new_output = state_jobs.totals_with_mean(stream(spark, events))
+    hdfs = StateBackendSpec(type="hdfs")
+    # Prepared before the savepoint exists, while the old job still runs.
+    prepared = prepare_bootstrap(
+        spark, new_output, tmp_path / "new", tmp_path / "new.up1.bootstrap",
+        shuffle_partitions=3, state_backend=hdfs,
+    )  # fmt: skip
+    misfit = prepare_bootstrap(
+        spark, new_output, tmp_path / "other", tmp_path / "other.up1.bootstrap",
+        shuffle_partitions=5, state_backend=hdfs,
+    )  # fmt: skip
+    with state_store(spark, "hdfs", 4):
+        before = run_query(state_jobs.totals(stream(spark, events)), tmp_path / "old")
+    savepoint = take_savepoint(spark, tmp_path / "old", Location(str(tmp_path / "sp")), {0: "t"})
+    files += write_events(events, files=2, per_file=200, first_file=3)
+
+    def query_id(checkpoint: Path) -> str:
+        return json.loads((checkpoint / "metadata").read_text())["id"]
+
+    prepared_id = query_id(prepared.work / "checkpoint")
+    misfit_id = query_id(misfit.work / "checkpoint")
+    savepoint.restore(spark, new_output, tmp_path / "new", new_uids={0: "t"}, bootstrap=prepared)
+    again = savepoint.restore(
+        spark, new_output, tmp_path / "other", new_uids={0: "t"}, bootstrap=misfit
+    )
+    # Taken: the restored checkpoint is the prepared bootstrap's query; the misfit was
+    # discarded and bootstrapped again (a new query, the restore's partition count).
+    assert query_id(tmp_path / "new") == prepared_id
+    assert query_id(tmp_path / "other") != misfit_id and again.partitions == 3
+    assert not prepared.work.exists() and not misfit.work.exists()
+    with state_store(spark, "hdfs", 5):
+        after = run_query(new_output, tmp_path / "new")
+    assert {row["_batch"] for row in after.rows} == {2, 3}  # only the new files
+    assert totals_of(before) | totals_of(after) == reference_totals(all_events(files))
+
+
 @pytest.mark.parametrize("backend", ["hdfs", "rocksdb"])
 def test_deduplication_with_watermark_keeps_its_seen_events(
     spark: SparkSession, tmp_path: Path, backend: str

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamkeeper import injection
@@ -105,6 +106,7 @@ class JobRunner:
         self._probed = False
         self._spark_ui: str | None = None  # the driver's Spark UI, for the operators' links
         self._phases = StartPhases()  # where the start's time goes (logged at INFO)
+        self._bootstrap: Any = None  # a canonical restore's bootstrap, run ahead
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
@@ -172,6 +174,25 @@ class JobRunner:
             self._schemas = check_tables(self.spec, self.paths, self._output)
         return self._spark, self._output, self._schemas
 
+    def prepare_canonical_restore(self, work: Path) -> None:
+        """Run the bootstrap of a canonical restore ahead, into `work` (beside the
+        checkpoint directory): `run` with a canonical savepoint then starts the restore
+        at its state. An upgrade's green calls it after `warm_up`, while blue still runs;
+        `discard_prepared` removes it if no restore takes it.
+        """
+        from streamkeeper.snapshots import canonical
+
+        spark, output, _ = self.warm_up()
+        self._bootstrap = canonical.prepare_restore(
+            spark, self.spec, self.paths.checkpoint_dir, output, work
+        )
+
+    def discard_prepared(self) -> None:
+        """Remove a prepared bootstrap that no restore took (nothing if none is left)."""
+        if self._bootstrap is not None:
+            self._bootstrap.discard()
+            self._bootstrap = None
+
     def _probe(self) -> None:
         if not self._probed:
             probe(self.paths.root)
@@ -199,7 +220,9 @@ class JobRunner:
             self._output,
             uid_mapping=options.uid_mapping,
             allow_non_restored_state=options.allow_non_restored_state,
+            bootstrap=self._bootstrap,
         )
+        self._bootstrap = None  # taken (and removed) by the restore
         self._start.restore = replace(plan, already_restored=True)
 
     def _answer_stop(self, ok: bool, reason: str) -> None:

@@ -10,7 +10,9 @@ clear error. What it uses of it:
 - `state.positions.read_source_positions(checkpoint_dir, batch_id)`: the source
   positions a restore resumes from (`to_manifest()`: the manifest's `source`);
 - `state.restore.restore_canonical(...)`: a fresh checkpoint for the job's (maybe
-  changed) query and partition count, from the tables and the positions.
+  changed) query and partition count, from the tables and the positions;
+- `state.restore.prepare_bootstrap(...)`: that restore's bootstrap batch, run before
+  the savepoint exists (an upgrade's green, while blue runs).
 
 The savepoint's `manifest.json` is both ours (snapshots/savepoint_manifest.py) and
 canonical state's `CanonicalManifest`: each reads its own fields.
@@ -91,8 +93,11 @@ def restore_state(
     *,
     uid_mapping: dict[str, str],
     allow_non_restored_state: bool,
+    bootstrap: Any = None,
 ) -> None:
     """Write a canonical savepoint's state into the empty `checkpoint_dir` for `output`.
+
+    `bootstrap` is `prepare_restore`'s, taken if it fits (removed either way).
 
     Raises:
         IncompatibleSavepointError: the uids or the state schemas do not fit the job.
@@ -115,8 +120,35 @@ def restore_state(
             uid_mapping=uid_mapping,
             allow_non_restored_state=allow_non_restored_state,
             output_mode=spec.output_mode,
+            bootstrap=bootstrap,
         )
     except StreamkeeperError as error:
         raise IncompatibleSavepointError(
             f"savepoint {manifest.id!r} cannot be restored into this job: {error}"
+        ) from error
+
+
+def prepare_restore(
+    spark: SparkSession, spec: JobSpec, checkpoint_dir: Path, output: DataFrame, work: Path
+) -> Any:
+    """Run the bootstrap of a later canonical restore of `spec` into `checkpoint_dir`,
+    in `work` (beside it); `restore_state(..., bootstrap=...)` takes it.
+
+    Raises:
+        IncompatibleSavepointError: the new code cannot run over an empty input.
+    """
+    prepare = _module("restore").prepare_bootstrap
+    try:
+        return prepare(
+            spark,
+            output,
+            checkpoint_dir,
+            work,
+            shuffle_partitions=spec.spark.shuffle_partitions,
+            state_backend=spec.state_backend,
+            output_mode=spec.output_mode,
+        )
+    except StreamkeeperError as error:
+        raise IncompatibleSavepointError(
+            f"the job's new code cannot be restored into: {error}"
         ) from error

@@ -24,7 +24,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from streamkeeper.errors import IncompatibleSavepointError, SavepointError
 from streamkeeper.lineage.layout import LineageLayout
@@ -197,10 +197,12 @@ def restore_canonical(
     *,
     uid_mapping: dict[str, str],
     allow_non_restored_state: bool,
+    bootstrap: Any = None,
 ) -> None:
     """Write a canonical savepoint's state into `local_dir` (empty or absent) for `output`.
 
-    Canonical state writes a staging folder and moves it into place; the marker follows.
+    Canonical state writes a staging folder (or takes `bootstrap`'s, prepared ahead)
+    and moves it into place; the marker follows.
     """
     canonical.restore_state(
         spark,
@@ -211,6 +213,7 @@ def restore_canonical(
         output,
         uid_mapping=uid_mapping,
         allow_non_restored_state=allow_non_restored_state,
+        bootstrap=bootstrap,
     )
     marker = {
         "savepoint_id": plan.manifest.id,

@@ -6,7 +6,8 @@ Steps (each before the next; nothing outside a work folder is touched until the 
    new job, unless `allow_non_restored_state`; a new uid starts empty, with a warning;
 2. bootstrap (bootstrap.py): Spark runs the new code over an empty input as batch 0,
    pinning the new state store and partition count, and writing the operators'
-   metadata and schemas;
+   metadata and schemas (`prepare_bootstrap` runs it ahead, before the savepoint
+   exists: an upgrade's green does, while blue still runs);
 3. check every operator's state schema, old against new (schema.py): an incompatible
    change stops the restore here, having written nothing;
 4. write the source positions as batch 1 (`offsets/1`, and the file source's log),
@@ -117,6 +118,82 @@ class _Assignment:
     raw_schema: Any = None
 
 
+@dataclass
+class PreparedBootstrap:
+    """A restore's bootstrap batch, run before its savepoint exists (`prepare_bootstrap`).
+
+    The bootstrap depends only on the new code, its partition count, state store and
+    output mode, so an upgrade's green runs it while blue still runs; `restore_canonical`
+    of the same output into the same directory then starts at step 3. Whoever prepared
+    it calls `discard` when no restore took it (a restore removes what it takes).
+    """
+
+    output: Any  # the new job's output stream (the same DataFrame object)
+    checkpoint_dir: Path
+    shuffle_partitions: int
+    state_backend: StateBackendSpec
+    output_mode: str
+    work: Path
+    kinds: list[str]
+    seconds: float
+
+    def fits(
+        self,
+        output: Any,
+        checkpoint_dir: Path,
+        shuffle_partitions: int,
+        state_backend: StateBackendSpec,
+        output_mode: str,
+    ) -> bool:
+        return (
+            output is self.output
+            and (checkpoint_dir, shuffle_partitions, state_backend, output_mode)
+            == (self.checkpoint_dir, self.shuffle_partitions, self.state_backend, self.output_mode)
+            and (self.work / "checkpoint" / "commits" / "0").is_file()
+        )
+
+    def discard(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def prepare_bootstrap(
+    spark: SparkSession,
+    new_output: DataFrame,
+    checkpoint_dir: Path,
+    work: Path,
+    *,
+    shuffle_partitions: int,
+    state_backend: StateBackendSpec,
+    output_mode: str = "update",
+) -> PreparedBootstrap:
+    """Run the bootstrap of a later `restore_canonical` into `work` (created; beside
+    `checkpoint_dir`, on its file system: the restore moves it into place in one rename).
+
+    Raises:
+        CheckpointRestoreError: the bootstrap batch failed (`work` is removed).
+    """
+    started = time.monotonic()
+    tws.refuse_without_column_families(new_output, state_backend.type)
+    work.mkdir(parents=True)
+    try:
+        with session_conf(spark, _restore_conf(state_backend, shuffle_partitions)):
+            kinds = run_bootstrap(spark, new_output, work / "checkpoint", output_mode, work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    log.info("restore bootstrap prepared in %s (%.1fs)", work, time.monotonic() - started)
+    return PreparedBootstrap(
+        output=new_output,
+        checkpoint_dir=checkpoint_dir,
+        shuffle_partitions=shuffle_partitions,
+        state_backend=state_backend,
+        output_mode=output_mode,
+        work=work,
+        kinds=kinds,
+        seconds=time.monotonic() - started,
+    )
+
+
 def restore_canonical(
     spark: SparkSession,
     *,
@@ -132,6 +209,7 @@ def restore_canonical(
     uid_mapping: Mapping[str, str] | None = None,
     allow_non_restored_state: bool = False,
     output_mode: str = "update",
+    bootstrap: PreparedBootstrap | None = None,
 ) -> RestoreReport:
     """Write a fresh checkpoint from which `new_output` continues the savepoint.
 
@@ -150,6 +228,8 @@ def restore_canonical(
         allow_non_restored_state: drop the state of savepoint uids the new job lacks
             instead of failing (Flink's --allowNonRestoredState).
         output_mode: the new job's output mode.
+        bootstrap: the bootstrap, run ahead (`prepare_bootstrap`); taken (and removed
+            with the work folder) if it fits this restore, else discarded and run again.
 
     Raises:
         OperatorUidError: a savepoint uid has no operator in the new job (and state may
@@ -158,17 +238,34 @@ def restore_canonical(
         CheckpointRestoreError: the checkpoint directory is not empty, or Spark failed.
     """
     started = time.monotonic()
-    _check_empty(checkpoint_dir)
-    positions = SourcePositions.from_manifest(source_offsets, source_log)
-    by_new_uid = _match_uids(operators, uid_mapping or {})
+    if bootstrap is not None and not bootstrap.fits(
+        new_output, checkpoint_dir, shuffle_partitions, state_backend, output_mode
+    ):
+        log.info("restore: the bootstrap prepared in %s does not fit; run again", bootstrap.work)
+        bootstrap.discard()
+        bootstrap = None
+    try:
+        _check_empty(checkpoint_dir)
+        positions = SourcePositions.from_manifest(source_offsets, source_log)
+        by_new_uid = _match_uids(operators, uid_mapping or {})
+        tws.refuse_without_column_families(new_output, state_backend.type)
+    except BaseException:
+        if bootstrap is not None:
+            bootstrap.discard()
+        raise
     warnings: list[str] = []
-    tws.refuse_without_column_families(new_output, state_backend.type)
-    work = checkpoint_dir.parent / f".{checkpoint_dir.name}.restore-{uuid.uuid4().hex[:8]}"
+    if bootstrap is None:
+        work = checkpoint_dir.parent / f".{checkpoint_dir.name}.restore-{uuid.uuid4().hex[:8]}"
+        work.mkdir(parents=True)
+    else:
+        work = bootstrap.work
     staging = work / "checkpoint"
-    work.mkdir(parents=True)
     try:
         with session_conf(spark, _restore_conf(state_backend, shuffle_partitions)):
-            kinds = run_bootstrap(spark, new_output, staging, output_mode, work)
+            if bootstrap is None:
+                kinds = run_bootstrap(spark, new_output, staging, output_mode, work)
+            else:
+                kinds = bootstrap.kinds
             bootstrapped = time.monotonic()
             positions = check_sources(positions, kinds)
             _check_pinned_confs(staging)

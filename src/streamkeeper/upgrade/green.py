@@ -9,8 +9,9 @@ One process, one Spark session, two runs of the new spec:
    blue is stopped with a savepoint S1 at a batch boundary (a stop command), blue's
    checkpoint directory is set aside, and the live run restores S1 and continues the
    lineage: next epoch, next seq, the live tables. The JVM, the session and the code are
-   warm from the shadow run, so the gap in live output is S1's stop, its restore and one
-   trigger interval.
+   warm from the shadow run, and a canonical restore's bootstrap batch runs before blue
+   is asked to stop, so the gap in live output is S1's stop, the restore's state writing
+   and one trigger interval.
 
 Anything else (the upgrade rejected, the shadow run stopped or cancelled) ends the process after
 step 1; blue was never touched.
@@ -105,19 +106,27 @@ def _hand_over(
         RunOptions(master=options.master, spec_dir=options.spec_dir, run_token=options.run_token),
     )
     runner.warm_up()
-    client = StreamkeeperClient(resolve_paths(spec).root.uri)
-    manifest = stop_blue(
-        client,
-        records,
-        record,
-        blue_dir=blue_dir,
-        live_dir=live_dir,
-        started=started,
-        timeout=options.blue_stop_timeout,
-    )
-    # The handover holds the lineage for green (an epoch above blue's): green takes over.
-    runner.options = replace(runner.options, from_savepoint=manifest.id, takeover=True)
-    return runner.run()
+    try:
+        if record.green.get("format", "canonical") == "canonical":
+            # S1's restore starts at its state: the bootstrap batch (the new code over
+            # an empty input) runs now, not in the gap. Beside the live directory, named
+            # for the upgrade like the shadow's; removed when taken or not.
+            runner.prepare_canonical_restore(Path(f"{live_dir}.{record.id}.bootstrap"))
+        client = StreamkeeperClient(resolve_paths(spec).root.uri)
+        manifest = stop_blue(
+            client,
+            records,
+            record,
+            blue_dir=blue_dir,
+            live_dir=live_dir,
+            started=started,
+            timeout=options.blue_stop_timeout,
+        )
+        # The handover holds the lineage for green (an epoch above blue's): green takes over.
+        runner.options = replace(runner.options, from_savepoint=manifest.id, takeover=True)
+        return runner.run()
+    finally:
+        runner.discard_prepared()
 
 
 def _holds_files(directory: Path) -> bool:
