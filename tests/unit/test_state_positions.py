@@ -10,6 +10,7 @@ import pytest
 from streamkeeper.errors import CheckpointRestoreError
 from streamkeeper.state.positions import (
     SourcePositions,
+    batch_input,
     check_sources,
     read_source_positions,
     write_restored_commit,
@@ -24,8 +25,9 @@ def write(path: Path, *lines: str) -> None:
     path.write_text("\n".join(["v1", *lines]))
 
 
-def entry(name: str, batch: int) -> str:
-    return json.dumps({"path": f"file:///in/{name}", "timestamp": 1, "batchId": batch})
+def entry(name: str, batch: int, timestamp: int | None = None) -> str:
+    stamp = batch if timestamp is None else timestamp  # files arrive in the order read
+    return json.dumps({"path": f"file:///in/{name}", "timestamp": stamp, "batchId": batch})
 
 
 @pytest.fixture
@@ -73,10 +75,13 @@ def test_restored_positions_make_batch_one_the_savepoint(checkpoint: Path, tmp_p
     write_restored_positions(restored, checked, bootstrap)
     write_restored_commit(restored, checked)
 
-    assert (restored / "sources" / "0" / "0").read_text() == "v1"
-    files = (restored / "sources" / "0" / "1").read_text().splitlines()
-    assert files[0] == "v1" and len(files) == 13
-    assert all(json.loads(line)["batchId"] == 1 for line in files[1:])
+    # Batch 1 lists only what the savepoint's own batch read (Spark rebuilds batch 1's
+    # DataFrame on resuming); every earlier file is under batch 0, so all are seen.
+    earlier = logged(restored / "sources" / "0" / "0")
+    last = logged(restored / "sources" / "0" / "1")
+    assert [e["path"] for e in last] == ["file:///in/f11"]
+    assert sorted(e["path"] for e in earlier) == sorted(f"file:///in/f{i}" for i in range(11))
+    assert {e["batchId"] for e in earlier} == {0} and last[0]["batchId"] == 1
     assert not (restored / "sources" / "0" / ".0.crc").exists()
     assert (restored / "sources" / "1" / "0").read_text() == "v1\n1795439837934"
     first = (restored / "offsets" / "0").read_text().splitlines()
@@ -90,6 +95,29 @@ def test_restored_positions_make_batch_one_the_savepoint(checkpoint: Path, tmp_p
     }
     commit = (restored / "commits" / "1").read_text().splitlines()
     assert json.loads(commit[1]) == {"nextBatchWatermarkMs": 7000}
+
+
+def test_the_newest_file_stays_in_the_restored_batch_even_if_read_earlier(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """`batch_input` (the commit marker's input position) reads the newest file of batch 1;
+    a restore keeps that position even when the source did not read files in time order."""
+    write(checkpoint / "sources" / "0" / "10", entry("late", 10, timestamp=99))
+    positions = check_sources(read_source_positions(checkpoint, 11), ["file", "other"])
+    restored = tmp_path / "restored"
+    bootstrap = [json.dumps({"batchWatermarkMs": 0}), '{"logOffset":0}', '{"logOffset":0}']
+    write_restored_positions(restored, positions, bootstrap)
+
+    last = logged(restored / "sources" / "0" / "1")
+    assert sorted(e["path"] for e in last) == ["file:///in/f11", "file:///in/late"]
+    assert len(logged(restored / "sources" / "0" / "0")) == 10
+    assert batch_input(restored, 1) == ["file:file:///in/late", "42"]
+
+
+def logged(path: Path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    assert lines[0] == "v1"
+    return [json.loads(line) for line in lines[1:]]
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ processed (its offset `{"logOffset": n}` only counts log entries); the rate sour
 keeps its start time. A savepoint carries all of it; a restore writes it into the fresh
 checkpoint as batch 1 (batch 0 is the bootstrap over an empty input, see restore.py):
 
-- file source: `sources/{i}/0` empty, `sources/{i}/1` every file processed up to the
-  savepoint, offsets `{"logOffset": 0}` then `{"logOffset": 1}`;
+- file source: every file processed up to the savepoint, those of the savepoint's own
+  batch in `sources/{i}/1` and the earlier ones in `sources/{i}/0` (the source's seen
+  files are all of them; `split_last_batch` says why not all in 1), offsets
+  `{"logOffset": 0}` then `{"logOffset": 1}`;
 - any other source (rate, nats, delta): offsets 0 and 1 are the savepoint's offset (so
   batch 1 is empty), `sources/{i}/` files are copied as they were.
 """
@@ -251,10 +253,11 @@ def write_restored_positions(
         for stale in os.listdir(folder) if folder.is_dir() else []:
             (folder / stale).unlink()  # the empty bootstrap input's log (and its checksums)
         log = positions.logs.get(index)
-        if file_log_offset(offset) is not None:
-            entries = (log or {}).get("entries", [])
-            write_log(folder / "0", [])
-            write_log(folder / "1", [json.dumps({**e, "batchId": 1}) for e in entries])
+        log_offset = file_log_offset(offset)
+        if log_offset is not None:
+            earlier, last = split_last_batch((log or {}).get("entries", []), log_offset)
+            write_log(folder / "0", [json.dumps({**e, "batchId": 0}) for e in earlier])
+            write_log(folder / "1", [json.dumps({**e, "batchId": 1}) for e in last])
             first.append(json.dumps({"logOffset": 0}))
             second.append(json.dumps({"logOffset": 1}))
             continue
@@ -272,6 +275,29 @@ def write_restored_positions(
     }
     write_log(checkpoint_dir / "offsets" / "0", [bootstrap_offsets[0], *first])
     write_log(checkpoint_dir / "offsets" / "1", [json.dumps(restored), *second])
+
+
+def split_last_batch(
+    entries: list[dict[str, Any]], log_offset: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A file source's processed files: (read before the savepoint's batch, read by it).
+
+    The restored log keeps the first part under batch 0 and the second under batch 1.
+    Spark, resuming after batch 1, builds batch 1's DataFrame once (`getBatch(0, 1)`: a V1
+    source is primed with its last batch), over every file logged under 1: with all of a
+    long-running job's files there, that was a listing of thousands of files (a Spark
+    job above 32 paths) before the first new batch. The newest file (`batch_input`'s
+    position) stays under batch 1 even when an earlier batch read it.
+    """
+    if not entries:
+        return [], []
+    newest = max(entries, key=lambda e: (e.get("timestamp", 0), e["path"]))
+    earlier: list[dict[str, Any]] = []
+    last: list[dict[str, Any]] = []
+    for entry in entries:
+        read_last = int(entry.get("batchId", log_offset)) >= log_offset or entry is newest
+        (last if read_last else earlier).append(entry)
+    return earlier, last
 
 
 def write_restored_commit(checkpoint_dir: Path, positions: SourcePositions) -> None:
