@@ -128,13 +128,33 @@ def test_changed_code_on_another_partition_count_continues_exactly(
     assert (misplaced, state.count()) == (0, 40)
 
 
-@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+@pytest.mark.parametrize(
+    ("codec", "small"),
+    [("lz4", False), ("lz4", True), ("zstd", False)],
+    ids=["lz4-on-the-executors", "lz4-small-on-the-driver", "zstd-through-spark"],
+)
 def test_the_restored_files_are_in_the_checkpoints_codec(
-    spark: SparkSession, tmp_path: Path, codec: str
+    spark: SparkSession,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    codec: str,
+    small: bool,
 ) -> None:
-    """lz4 (Spark's default): the tasks write each partition's file; any other codec
-    goes through the driver and Spark's own codec. Both continue exactly."""
+    """lz4 (Spark's default): the tasks write each partition's file, or the driver for a
+    small savepoint; any other codec goes through the driver and Spark's own codec. All
+    continue exactly."""
+    from streamkeeper.state import restore, writers
     from streamkeeper.state.hdfs_files import decompress, parse_records
+
+    # The savepoint below is small: the executors' path is taken with the limit at 0.
+    monkeypatch.setattr(restore, "DRIVER_STATE_BYTES", writers.DRIVER_STATE_BYTES if small else 0)
+    through_driver = []
+    on_driver = writers._write_hdfs_on_driver
+    monkeypatch.setattr(
+        writers,
+        "_write_hdfs_on_driver",
+        lambda *args: through_driver.append(1) or on_driver(*args),
+    )
 
     events = tmp_path / "events"
     files = write_events(events, files=3, per_file=200)
@@ -154,6 +174,7 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     restored = [tmp_path / "new" / "state" / "0" / str(p) / "2.delta" for p in range(3)]
     keys = [len(parse_records(decompress(f.read_bytes(), codec))[0]) for f in restored]
     assert sum(keys) == savepoint.operators[0].rows and all(keys), keys
+    assert bool(through_driver) == (small or codec != "lz4")
 
 
 def test_a_bootstrap_prepared_before_the_savepoint_is_taken_by_the_restore(

@@ -56,6 +56,7 @@ from streamkeeper.state.spark_state import (
 from streamkeeper.state.uids import resolve_uids
 from streamkeeper.state.writers import (
     CODEC_CONF,
+    DRIVER_STATE_BYTES,
     canonical_state_frame,
     raw_state_schema,
     rewrite_rocksdb,
@@ -305,13 +306,17 @@ def restore_canonical(
         state_seconds=written - writing,
     )
     log.info(
-        "restored %d rows of %d operator(s) into %s (%d partitions, %s) in %.1fs",
+        "restored %d rows of %d operator(s) into %s (%d partitions, %s) in %.2fs: "
+        "bootstrap %.2fs, plan %.2fs, state %.2fs",
         report.rows,
         len(report.operators),
         checkpoint_dir,
         shuffle_partitions,
         state_backend.type,
         report.seconds,
+        report.bootstrap_seconds,
+        writing - bootstrapped,
+        report.state_seconds,
     )
     return report
 
@@ -467,13 +472,21 @@ def _write_state(
     savepoint: Location,
     backend: StateBackendSpec,
 ) -> None:
+    small = sum(a.old.bytes for a in planned if a.old is not None) <= DRIVER_STATE_BYTES
     frames = {}
     for a in planned:
         if a.old is None or a.new.is_transform_with_state:  # the latter: via initialState
             continue
         table = savepoint.child(a.old.table)
         frames[a.new.operator_id] = canonical_state_frame(
-            spark, deltas.data_files(table), table, a.key_type, a.value_type, a.plan, a.raw_schema
+            spark,
+            deltas.data_files(table),
+            table,
+            a.key_type,
+            a.value_type,
+            a.plan,
+            a.raw_schema,
+            on_driver=small,
         )
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     if backend.type == "rocksdb":
@@ -487,7 +500,14 @@ def _write_state(
         if frame is None:
             frame = spark.createDataFrame([], a.raw_schema)
         write_hdfs_version(
-            spark, frame, staging, a.new.operator_id, partitions, RESTORED_BATCH + 1, codec
+            spark,
+            frame,
+            staging,
+            a.new.operator_id,
+            partitions,
+            RESTORED_BATCH + 1,
+            codec,
+            on_driver=small,
         )
 
 

@@ -1,15 +1,15 @@
 """Write canonical state into a checkpoint, in Spark's own state store format.
 
 Both stores start from the same frame, built on the executors from the savepoint's
-Parquet files: the rows of Spark's raw state form (`partition_key`, `key_bytes`,
+Parquet files (on the driver for a small savepoint, `DRIVER_STATE_BYTES`): the rows of Spark's raw state form (`partition_key`, `key_bytes`,
 `value_bytes`, `column_family_name`), keys and values converted to the new job's
 schema and encoded as UnsafeRows (unsafe_row.py).
 
 - HDFS-backed store: each partition's rows go into `state/{op}/{p}/{v}.delta`, the
   store's own file: per record the key's length, the key, the value's length, the value
   (big-endian ints), -1 at the end, compressed with the checkpoint's codec: lz4 (Spark's
-  default) by the tasks, one per partition; any other through Spark's codec on the
-  driver. The store refuses to be written empty any other way.
+  default) by the tasks, one per partition (by the driver for a small savepoint); any
+  other through Spark's codec on the driver. The store refuses to be written empty any other way.
 - RocksDB: Spark's state rewriter (`StateRewriter`, what `repartition` uses) writes each
   partition's rows on the executors through `StatePartitionAllColumnFamiliesWriter`,
   with the encoder and column families Spark derives from the operator's metadata; it
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 READ_BATCH_ROWS = 65_536
+# A savepoint whose operators' Parquet files are this small in all is read, encoded and
+# written on the driver: a Spark job with two shuffles and Python workers costs more than
+# the rows themselves (0.6-0.75 s for 100 keys, most of a canonical upgrade's restore).
+DRIVER_STATE_BYTES = 8 << 20
 CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
 LZ4_BLOCK_CONF = "spark.io.compression.lz4.blockSize"
 DEFAULT_STORE = "default"
@@ -54,6 +58,7 @@ def canonical_state_frame(
     value_type: dict[str, Any],
     plan: ValuePlan,
     raw_schema: StructType,
+    on_driver: bool = False,
 ) -> DataFrame:
     """The savepoint rows of one operator in Spark's raw state form, new schema.
 
@@ -63,11 +68,20 @@ def canonical_state_frame(
         key_type, value_type: the new job's key and value types (Spark schema JSON).
         plan: how the savepoint's value becomes the new value (schema.check_compatible).
         raw_schema: the raw reader's schema for this operator in the new checkpoint.
+        on_driver: read and convert here (a small savepoint, `DRIVER_STATE_BYTES`): the
+            frame is a local relation rather than a job over the files.
     """
     if not files:
         return spark.createDataFrame([], raw_schema)
     partition_key = json.loads(raw_schema["partition_key"].dataType.json())
     convert = _RowConverter(location, key_type, value_type, plan, partition_key)
+    if on_driver:
+        import pyarrow as pa
+
+        batches = list(convert(iter([pa.RecordBatch.from_pydict({"path": files})])))
+        if not batches:
+            return spark.createDataFrame([], raw_schema)
+        return spark.createDataFrame(pa.Table.from_batches(batches), raw_schema)
     paths = spark.createDataFrame([(path,) for path in files], "path string")
     return paths.repartition(len(files)).mapInArrow(convert, raw_schema)
 
@@ -124,6 +138,7 @@ def write_hdfs_version(
     partitions: int,
     version: int,
     codec: str,
+    on_driver: bool = False,
 ) -> None:
     """Write `frame`'s rows as version `version` of every partition's `.delta` file.
 
@@ -131,17 +146,25 @@ def write_hdfs_version(
     the state's own partitioning holds partition p's rows, frames and compresses them
     (hdfs_files.lz4_stream_compress) and renames the file into place, so no row passes
     through the driver. The directory must be one the executors share with the driver,
-    as Spark's state store needs it to be. Other codecs go through the driver and
-    Spark's own codec.
+    as Spark's state store needs it to be. Other codecs, and a small state (`on_driver`),
+    go through the driver: lz4 compressed there the same way, any other codec by Spark's.
     """
     operator_dir = checkpoint_dir / "state" / str(operator_id)
     if codec != "lz4":
-        _write_hdfs_on_driver(spark, frame, operator_dir, partitions, version, codec)
+        jvm = _JvmFiles(spark, codec)
+
+        def through_spark(partition: int, body: np.ndarray) -> None:
+            jvm.write_compressed(body, operator_dir / str(partition) / f"{version}.delta")
+
+        _write_hdfs_on_driver(frame, partitions, through_spark)
         return
     from pyspark.sql import functions as F
 
     block_size = spark.sparkContext._jsc.sc().conf().getSizeAsBytes(LZ4_BLOCK_CONF, "32k")
     writer = _PartitionFiles(str(operator_dir), version, int(block_size))
+    if on_driver:
+        _write_hdfs_on_driver(frame, partitions, writer.write)
+        return
     # Spark's HashPartitioning is pmod(Murmur3(columns, 42), n), the state's partition:
     # task p gets partition p's rows (each task checks it).
     written = (
@@ -223,14 +246,9 @@ def _input_schema() -> pa.Schema:
 
 
 def _write_hdfs_on_driver(
-    spark: SparkSession,
-    frame: DataFrame,
-    operator_dir: Path,
-    partitions: int,
-    version: int,
-    codec: str,
+    frame: DataFrame, partitions: int, write: Callable[[int, np.ndarray], None]
 ) -> None:
-    """The rows through the driver's memory, compressed by Spark's codec (any codec)."""
+    """The rows through the driver's memory: `write(partition, records)` for each one."""
     from pyspark.sql import functions as F
 
     rows = frame.select(
@@ -242,11 +260,9 @@ def _write_hdfs_on_driver(
     bounds = np.searchsorted(
         rows.column("partition").to_numpy(), np.arange(partitions + 1), side="left"
     )
-    jvm = _JvmFiles(spark, codec)
     for partition in range(partitions):
         part = rows.slice(bounds[partition], bounds[partition + 1] - bounds[partition])
-        body = frame_records(part.column("key_bytes"), part.column("value_bytes"))
-        jvm.write_compressed(body, operator_dir / str(partition) / f"{version}.delta")
+        write(partition, frame_records(part.column("key_bytes"), part.column("value_bytes")))
 
 
 def frame_records(keys: pa.Array, values: pa.Array) -> np.ndarray:
