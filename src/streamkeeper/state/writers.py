@@ -1,15 +1,17 @@
 """Write canonical state into a checkpoint, in Spark's own state store format.
 
 Both stores start from the same frame, built on the executors from the savepoint's
-Parquet files (on the driver for a small savepoint, `DRIVER_STATE_BYTES`): the rows of Spark's raw state form (`partition_key`, `key_bytes`,
-`value_bytes`, `column_family_name`), keys and values converted to the new job's
-schema and encoded as UnsafeRows (unsafe_row.py).
+Parquet files (on the driver for a small savepoint, `DRIVER_STATE_BYTES`): the rows of
+Spark's raw state form (`partition_key`, `key_bytes`, `value_bytes`,
+`column_family_name`), keys and values converted to the new job's schema and encoded as
+UnsafeRows (unsafe_row.py).
 
 - HDFS-backed store: each partition's rows go into `state/{op}/{p}/{v}.delta`, the
   store's own file: per record the key's length, the key, the value's length, the value
   (big-endian ints), -1 at the end, compressed with the checkpoint's codec: lz4 (Spark's
   default) by the tasks, one per partition (by the driver for a small savepoint); any
-  other through Spark's codec on the driver. The store refuses to be written empty any other way.
+  other through Spark's codec on the driver. The store refuses to be written empty any
+  other way.
 - RocksDB: Spark's state rewriter (`StateRewriter`, what `repartition` uses) writes each
   partition's rows on the executors through `StatePartitionAllColumnFamiliesWriter`,
   with the encoder and column families Spark derives from the operator's metadata; it
