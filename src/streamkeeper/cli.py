@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperGroup
 
-from streamkeeper.client import StreamkeeperClient
 from streamkeeper.errors import (
     CheckpointRestoreError,
     CommandError,
@@ -34,6 +33,7 @@ from streamkeeper.errors import (
 from streamkeeper.spec import UID_PATTERN, JobSpec, load_spec
 
 if TYPE_CHECKING:
+    from streamkeeper.client import StreamkeeperClient
     from streamkeeper.lineage.driver_beat import DriverBeat
 
 EXIT_FAILED = 1  # a run failed, or `status --check` found the job unhealthy
@@ -313,6 +313,8 @@ JsonOpt = Annotated[
 
 
 def _client(root: str) -> StreamkeeperClient:
+    from streamkeeper.client import StreamkeeperClient
+
     try:
         return StreamkeeperClient(root)
     except StreamkeeperError as error:
