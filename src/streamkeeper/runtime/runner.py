@@ -107,6 +107,7 @@ class JobRunner:
         self._spark_ui: str | None = None  # the driver's Spark UI, for the operators' links
         self._phases = StartPhases()  # where the start's time goes (logged at INFO)
         self._bootstrap: Any = None  # a canonical restore's bootstrap, run ahead
+        self._planned: list[Any] | None = None  # the query's stateful operators, planned once
 
     def run(self) -> RunResult:
         # From the first instant: a SIGTERM while Spark starts or recovery runs stops the
@@ -122,9 +123,9 @@ class JobRunner:
         self._spark_ui = spark.sparkContext.uiWebUrl  # None with spark.ui.enabled=false
         phases.lap("Spark session and plan")
         if start.restore is not None and start.restore.manifest.format == "native":
-            from streamkeeper.snapshots.state_metadata import check_topology, planned_operators
+            from streamkeeper.snapshots.state_metadata import check_topology
 
-            check_topology(start.restore.manifest, planned_operators(spark, output))
+            check_topology(start.restore.manifest, self.planned_operators())
         self._restore_canonical()
         phases.lap("restore")
         self.fence = fence = start.take()
@@ -173,6 +174,20 @@ class JobRunner:
             self._output = build_output(spark, self.spec, self.options.spec_dir)
             self._schemas = check_tables(self.spec, self.paths, self._output)
         return self._spark, self._output, self._schemas
+
+    def planned_operators(self) -> list[Any]:
+        """The query's stateful operators (Spark's streaming `explain`), planned once.
+
+        A native restore checks the savepoint's topology against them. An upgrade's green
+        plans them after `warm_up`, while blue still runs, so the check in the handover's
+        gap reads them (the explain is 0.05-0.1 s of py4j and planning).
+        """
+        if self._planned is None:
+            from streamkeeper.snapshots.state_metadata import planned_operators
+
+            spark, output, _ = self.warm_up()
+            self._planned = planned_operators(spark, output)
+        return self._planned
 
     def prepare_canonical_restore(self, work: Path) -> None:
         """Run the bootstrap of a canonical restore ahead, into `work` (beside the

@@ -9,8 +9,9 @@ One process, one Spark session, two runs of the new spec:
    blue is stopped with a savepoint S1 at a batch boundary (a stop command), blue's
    checkpoint directory is set aside, and the live run restores S1 and continues the
    lineage: next epoch, next seq, the live tables. The JVM, the session and the code are
-   warm from the shadow run, and a canonical restore's bootstrap batch runs before blue
-   is asked to stop, so the gap in live output is S1's stop, the restore's state writing
+   warm from the shadow run, and a canonical restore's bootstrap batch (a native
+   restore's planned operators, which its topology check reads) is done before blue is
+   asked to stop, so the gap in live output is S1's stop, the restore's state writing
    and one trigger interval.
 
 Anything else (the upgrade rejected, the shadow run stopped or cancelled) ends the process after
@@ -112,6 +113,8 @@ def _hand_over(
             # an empty input) runs now, not in the gap. Beside the live directory, named
             # for the upgrade like the shadow's; removed when taken or not.
             runner.prepare_canonical_restore(Path(f"{live_dir}.{record.id}.bootstrap"))
+        else:
+            runner.planned_operators()  # what the native restore's topology check reads
         client = StreamkeeperClient(resolve_paths(spec).root.uri)
         manifest = stop_blue(
             client,
