@@ -175,6 +175,11 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     keys = [len(parse_records(decompress(f.read_bytes(), codec))[0]) for f in restored]
     assert sum(keys) == savepoint.operators[0].rows and all(keys), keys
     assert bool(through_driver) == (small or codec != "lz4")
+    # The tasks' pieces (a task per savepoint file, each with rows of every partition)
+    # were joined and removed.
+    assert len(list((tmp_path / "sp").rglob("part-*.parquet"))) == 2
+    left = [f.name for f in (tmp_path / "new" / "state").rglob(".2.delta.*") if "crc" not in f.name]
+    assert left == [], left
 
 
 def test_a_bootstrap_prepared_before_the_savepoint_is_taken_by_the_restore(

@@ -9,9 +9,9 @@ UnsafeRows (unsafe_row.py).
 - HDFS-backed store: each partition's rows go into `state/{op}/{p}/{v}.delta`, the
   store's own file: per record the key's length, the key, the value's length, the value
   (big-endian ints), -1 at the end, compressed with the checkpoint's codec: lz4 (Spark's
-  default) by the tasks, one per partition (by the driver for a small savepoint); any
-  other through Spark's codec on the driver. The store refuses to be written empty any
-  other way.
+  default) by the tasks that convert the rows, without a shuffle (by the driver for a
+  small savepoint); any other through Spark's codec on the driver. The store refuses to
+  be written empty any other way.
 - RocksDB: Spark's state rewriter (`StateRewriter`, what `repartition` uses) writes each
   partition's rows on the executors through `StatePartitionAllColumnFamiliesWriter`,
   with the encoder and column families Spark derives from the operator's metadata; it
@@ -24,6 +24,7 @@ fields, the partitioning of every stateful operator's state.
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -76,16 +77,18 @@ def canonical_state_frame(
     if not files:
         return spark.createDataFrame([], raw_schema)
     partition_key = json.loads(raw_schema["partition_key"].dataType.json())
-    convert = _RowConverter(location, key_type, value_type, plan, partition_key)
+    convert = _RowConverter(location, key_type, value_type, plan, partition_key, files)
     if on_driver:
         import pyarrow as pa
 
-        batches = list(convert(iter([pa.RecordBatch.from_pydict({"path": files})])))
+        ids = pa.RecordBatch.from_pydict({"id": pa.array(range(len(files)), pa.int64())})
+        batches = list(convert(iter([ids])))
         if not batches:
             return spark.createDataFrame([], raw_schema)
         return spark.createDataFrame(pa.Table.from_batches(batches), raw_schema)
-    paths = spark.createDataFrame([(path,) for path in files], "path string")
-    return paths.repartition(len(files)).mapInArrow(convert, raw_schema)
+    # One task per file, as the export wrote them: a range of one id per partition
+    # (a round-robin repartition of the paths could give one task two files).
+    return spark.range(0, len(files), 1, len(files)).mapInArrow(convert, raw_schema)
 
 
 class _RowConverter:
@@ -98,18 +101,20 @@ class _RowConverter:
         value_type: dict[str, Any],
         plan: ValuePlan,
         partition_key: dict[str, Any],
+        files: list[str],
     ) -> None:
         self.location = location
         self.key_type = key_type
         self.value_type = value_type
         self.plan = plan
         self.partition_key = partition_key
+        self.files = files
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         filesystem = self.location.arrow_filesystem()
         for batch in batches:
-            for path in batch.column("path").to_pylist():
-                reader = open_parquet_whole(filesystem, path)  # retried on S3 errors
+            for index in batch.column("id").to_pylist():
+                reader = open_parquet_whole(filesystem, self.files[index])  # retried on S3 errors
                 for rows in reader.iter_batches(batch_size=READ_BATCH_ROWS):
                     yield self.encode(rows)
 
@@ -144,12 +149,18 @@ def write_hdfs_version(
 ) -> None:
     """Write `frame`'s rows as version `version` of every partition's `.delta` file.
 
-    With Spark's default codec (lz4) the tasks write the files: task p of a shuffle on
-    the state's own partitioning holds partition p's rows, frames and compresses them
-    (hdfs_files.lz4_stream_compress) and renames the file into place, so no row passes
-    through the driver. The directory must be one the executors share with the driver,
-    as Spark's state store needs it to be. Other codecs, and a small state (`on_driver`),
-    go through the driver: lz4 compressed there the same way, any other codec by Spark's.
+    With Spark's default codec (lz4) the tasks that convert the rows write the files,
+    and no row is shuffled: each task computes every row's state partition (Spark's
+    `pmod(hash(key), n)`, in the JVM), frames and compresses its rows of partition p as
+    one lz4 stream (hdfs_files.lz4_stream_compress) and renames it into place as a piece
+    of p's file; the driver then joins each partition's pieces and the end of the file
+    (-1, a stream of its own) into `{version}.delta`. Spark's LZ4 codec reads
+    concatenated streams as one (lz4-java's `LZ4BlockInputStream` with concatenation
+    on), and so does hdfs_files. No row passes through the driver; it moves or copies
+    compressed bytes only. The directory must be one the executors share with the
+    driver, as Spark's state store needs it to be. Other codecs, and a small state
+    (`on_driver`), go through the driver: lz4 compressed there the same way, any other
+    codec by Spark's.
     """
     operator_dir = checkpoint_dir / "state" / str(operator_id)
     if codec != "lz4":
@@ -162,89 +173,130 @@ def write_hdfs_version(
         return
     from pyspark.sql import functions as F
 
-    block_size = spark.sparkContext._jsc.sc().conf().getSizeAsBytes(LZ4_BLOCK_CONF, "32k")
-    writer = _PartitionFiles(str(operator_dir), version, int(block_size))
+    block_size = int(spark.sparkContext._jsc.sc().conf().getSizeAsBytes(LZ4_BLOCK_CONF, "32k"))
+    files = _PartitionFiles(str(operator_dir), version, block_size, partitions)
     if on_driver:
-        _write_hdfs_on_driver(frame, partitions, writer.write)
+        _write_hdfs_on_driver(frame, partitions, files.write)
         return
-    # Spark's HashPartitioning is pmod(Murmur3(columns, 42), n), the state's partition:
-    # task p gets partition p's rows (each task checks it).
     written = (
-        frame.repartition(partitions, "partition_key")
-        .select(
+        frame.select(
+            # Spark's HashPartitioning of the state: pmod(Murmur3(key's fields, 42), n).
             F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
             "key_bytes",
             "value_bytes",
         )
-        .mapInArrow(writer, "partition int, rows long")
+        .mapInArrow(files.pieces, "task int, partition int, rows long")
         .collect()
     )
-    for partition in sorted(set(range(partitions)) - {row.partition for row in written}):
-        # Spark runs no Python for a partition without rows: its file is written here.
-        writer.write(partition, frame_records(*_no_rows()))
-    files = [operator_dir / str(p) / f"{version}.delta" for p in range(partitions)]
-    missing = [p for p, file in enumerate(files) if not file.is_file()]
-    if missing:
-        raise CheckpointRestoreError(
-            f"the executors wrote the restored state of partitions {missing} where this "
-            f"driver cannot see it ({operator_dir}): put the checkpoint on a file system "
-            "that the driver and the executors share (Spark's state store needs one)"
-        )
-
-
-def _no_rows() -> tuple[pa.Array, pa.Array]:
-    import pyarrow as pa
-
-    return pa.array([], pa.binary()), pa.array([], pa.binary())
+    for partition in range(partitions):
+        tasks = sorted({row.task for row in written if row.partition == partition})
+        files.join(partition, tasks)
 
 
 class _PartitionFiles:
-    """Task side: one partition's rows -> its `{version}.delta` file (picklable)."""
+    """The `{version}.delta` files of one operator's partitions (picklable).
 
-    def __init__(self, operator_dir: str, version: int, block_size: int) -> None:
+    `pieces` runs in the tasks, `join` on the driver, `write` (a whole file) on either.
+    """
+
+    def __init__(self, operator_dir: str, version: int, block_size: int, partitions: int) -> None:
         self.operator_dir = operator_dir
         self.version = version
         self.block_size = block_size
+        self.partitions = partitions
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def target(self, partition: int) -> Path:
+        return Path(self.operator_dir) / str(partition) / f"{self.version}.delta"
+
+    def piece(self, partition: int, task: int) -> Path:
+        # Named by the task, not its attempt: a retried task replaces its own pieces.
+        target = self.target(partition)
+        return target.parent / f".{target.name}.piece-{task}"
+
+    def pieces(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Task side: this task's rows, one piece per state partition they fall in."""
         import pyarrow as pa
         from pyspark import TaskContext
 
-        partition = TaskContext.get().partitionId()
+        task = TaskContext.get().partitionId()
         received = list(batches)
-        table = pa.Table.from_batches(received) if received else _input_schema().empty_table()
-        found = set(table.column("partition").unique().to_pylist())
-        if found - {partition}:
+        if not received:
+            return
+        table = pa.Table.from_batches(received).sort_by("partition")
+        numbers = table.column("partition").to_numpy()
+        if numbers[0] < 0 or numbers[-1] >= self.partitions:
             raise RuntimeError(
-                f"task {partition} of the restore's state writer got rows of state "
-                f"partitions {sorted(found)}: Spark's partitioning is not the state's"
+                f"task {task} of the restore's state writer got rows of state partition "
+                f"{int(numbers[0] if numbers[0] < 0 else numbers[-1])}, outside 0-"
+                f"{self.partitions - 1}"
             )
-        self.write(partition, frame_records(table.column("key_bytes"), table.column("value_bytes")))
+        found = np.unique(numbers)
+        bounds = np.searchsorted(numbers, np.append(found, self.partitions), side="left")
+        for partition, start, stop in zip(found, bounds[:-1], bounds[1:], strict=True):
+            part = table.slice(int(start), int(stop - start))
+            records = frame_records(part.column("key_bytes"), part.column("value_bytes"), end=False)
+            _write_atomically(self.piece(int(partition), task), _lz4(records, self.block_size))
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition], "rows": [table.num_rows]},
-            schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]),
+            {
+                "task": [task] * len(found),
+                "partition": found.astype(np.int32),
+                "rows": np.diff(bounds).astype(np.int64),
+            },
+            schema=pa.schema(
+                [("task", pa.int32()), ("partition", pa.int32()), ("rows", pa.int64())]
+            ),
         )
 
-    def write(self, partition: int, body: np.ndarray) -> None:
-        """Compress `body` into the partition's file (a temp file, then a rename)."""
-        from streamkeeper.state.hdfs_files import lz4_stream_compress
-
-        target = Path(self.operator_dir) / str(partition) / f"{self.version}.delta"
+    def join(self, partition: int, tasks: list[int]) -> None:
+        """Driver side: the partition's pieces, in task order, and the end -> its file."""
+        target = self.target(partition)
+        pieces = [self.piece(partition, task) for task in tasks]
+        missing = [str(piece) for piece in pieces if not piece.is_file()]
+        if missing:
+            raise CheckpointRestoreError(
+                f"the executors wrote the restored state ({', '.join(missing)}) where this "
+                "driver cannot see it: put the checkpoint on a file system that the driver "
+                "and the executors share (Spark's state store needs one)"
+            )
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
         try:
-            temp.write_bytes(lz4_stream_compress(body, self.block_size))
+            if pieces:
+                pieces[0].replace(temp)  # most often the only one: no byte is copied
+            with open(temp, "ab") as out:
+                for piece in pieces[1:]:
+                    with open(piece, "rb") as source:
+                        shutil.copyfileobj(source, out, 1 << 20)
+                out.write(_lz4(_END_OF_FILE, self.block_size))
             temp.replace(target)
         finally:
             temp.unlink(missing_ok=True)
+        for piece in pieces[1:]:
+            piece.unlink()
+
+    def write(self, partition: int, body: np.ndarray) -> None:
+        """Compress a whole file's `body` into the partition's file (a temp, a rename)."""
+        _write_atomically(self.target(partition), _lz4(body, self.block_size))
 
 
-def _input_schema() -> pa.Schema:
-    import pyarrow as pa
+_END_OF_FILE = np.full(4, 0xFF, dtype=np.uint8)  # -1, big-endian: no more records
 
-    return pa.schema(
-        [("partition", pa.int32()), ("key_bytes", pa.binary()), ("value_bytes", pa.binary())]
-    )
+
+def _lz4(body: np.ndarray, block_size: int) -> bytes:
+    """Lz4-java's block stream of `body` (hdfs_files: imported where it runs)."""
+    from streamkeeper.state.hdfs_files import lz4_stream_compress
+
+    return lz4_stream_compress(body, block_size)
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        temp.write_bytes(data)
+        temp.replace(target)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def _write_hdfs_on_driver(
@@ -267,16 +319,20 @@ def _write_hdfs_on_driver(
         write(partition, frame_records(part.column("key_bytes"), part.column("value_bytes")))
 
 
-def frame_records(keys: pa.Array, values: pa.Array) -> np.ndarray:
-    """The records of a `.delta` file: (len, key, len, value)* then -1, big-endian ints."""
+def frame_records(keys: pa.Array, values: pa.Array, end: bool = True) -> np.ndarray:
+    """The records of a `.delta` file: (len, key, len, value)* then -1, big-endian ints.
+
+    `end=False` leaves the -1 out: a piece that more records may follow.
+    """
     key_offsets, key_data = _binary_parts(keys)
     value_offsets, value_data = _binary_parts(values)
     key_lengths, value_lengths = np.diff(key_offsets), np.diff(value_offsets)
     sizes = 8 + key_lengths + value_lengths
     starts = np.zeros(len(sizes) + 1, dtype=np.int64)
     np.cumsum(sizes, out=starts[1:])
-    out = np.empty(int(starts[-1]) + 4, dtype=np.uint8)
-    out[-4:] = 0xFF  # -1: the end of the file
+    out = np.empty(int(starts[-1]) + (4 if end else 0), dtype=np.uint8)
+    if end:
+        out[-4:] = _END_OF_FILE
     if len(sizes):
         _put(out, starts[:-1], key_lengths)
         _ragged(out, starts[:-1] + 4, key_offsets, key_data)
