@@ -129,9 +129,19 @@ def test_changed_code_on_another_partition_count_continues_exactly(
 
 
 @pytest.mark.parametrize(
-    ("codec", "small"),
-    [("lz4", False), ("lz4", True), ("zstd", False)],
-    ids=["lz4-on-the-executors", "lz4-small-on-the-driver", "zstd-through-spark"],
+    ("codec", "small", "hashed_by"),
+    [
+        ("lz4", False, "numpy"),
+        ("lz4", False, "spark"),
+        ("lz4", True, None),
+        ("zstd", False, None),
+    ],
+    ids=[
+        "lz4-on-the-executors",
+        "lz4-on-the-executors-partitioned-by-spark",
+        "lz4-small-on-the-driver",
+        "zstd-through-spark",
+    ],
 )
 def test_the_restored_files_are_in_the_checkpoints_codec(
     spark: SparkSession,
@@ -139,21 +149,28 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     monkeypatch: pytest.MonkeyPatch,
     codec: str,
     small: bool,
+    hashed_by: str | None,
 ) -> None:
-    """lz4 (Spark's default): the tasks write each partition's file, or the driver for a
-    small savepoint; any other codec goes through the driver and Spark's own codec. All
-    continue exactly."""
-    from streamkeeper.state import restore, writers
+    """lz4 (Spark's default): the tasks write each partition's file, partitioned in the
+    same Python pass (murmur3.py) or, for a key type it does not hash, by Spark between
+    two; the driver writes them for a small savepoint; any other codec goes through the
+    driver and Spark's own codec. All continue exactly."""
+    from streamkeeper.state import murmur3, restore, writers
     from streamkeeper.state.hdfs_files import decompress, parse_records
 
     # The savepoint below is small: the executors' path is taken with the limit at 0.
     monkeypatch.setattr(restore, "DRIVER_STATE_BYTES", writers.DRIVER_STATE_BYTES if small else 0)
-    through_driver = []
-    on_driver = writers._write_hdfs_on_driver
+    if hashed_by == "spark":
+        monkeypatch.setattr(murmur3, "supports", lambda spark_type: False)
+    through_driver, one_pass = [], []
+    on_driver, convert_and_write = writers._write_hdfs_on_driver, writers._ConvertAndWrite
     monkeypatch.setattr(
         writers,
         "_write_hdfs_on_driver",
         lambda *args: through_driver.append(1) or on_driver(*args),
+    )
+    monkeypatch.setattr(
+        writers, "_ConvertAndWrite", lambda *args: one_pass.append(1) or convert_and_write(*args)
     )
 
     events = tmp_path / "events"
@@ -175,6 +192,7 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     keys = [len(parse_records(decompress(f.read_bytes(), codec))[0]) for f in restored]
     assert sum(keys) == savepoint.operators[0].rows and all(keys), keys
     assert bool(through_driver) == (small or codec != "lz4")
+    assert bool(one_pass) == (hashed_by == "numpy")
     # The tasks' pieces (a task per savepoint file, each with rows of every partition)
     # were joined and removed.
     assert len(list((tmp_path / "sp").rglob("part-*.parquet"))) == 2

@@ -57,9 +57,10 @@ from streamkeeper.state.uids import resolve_uids
 from streamkeeper.state.writers import (
     CODEC_CONF,
     DRIVER_STATE_BYTES,
-    canonical_state_frame,
+    SavepointRows,
     raw_state_schema,
     rewrite_rocksdb,
+    savepoint_rows,
     write_hdfs_version,
 )
 from streamkeeper.storage import Location
@@ -473,35 +474,26 @@ def _write_state(
     backend: StateBackendSpec,
 ) -> None:
     small = sum(a.old.bytes for a in planned if a.old is not None) <= DRIVER_STATE_BYTES
-    frames = {}
+    rows = {}
     for a in planned:
         if a.old is None or a.new.is_transform_with_state:  # the latter: via initialState
             continue
         table = savepoint.child(a.old.table)
-        frames[a.new.operator_id] = canonical_state_frame(
-            spark,
-            deltas.data_files(table),
-            table,
-            a.key_type,
-            a.value_type,
-            a.plan,
-            a.raw_schema,
-            on_driver=small,
+        rows[a.new.operator_id] = savepoint_rows(
+            deltas.data_files(table), table, a.key_type, a.value_type, a.plan, a.raw_schema
         )
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
     if backend.type == "rocksdb":
+        frames = {op: r.frame(spark, on_driver=small) for op, r in rows.items()}
         rewrite_rocksdb(spark, staging, frames, partitions, read_batch=0, write_batch=1)
         return
     import json
 
     codec = json.loads(read_offsets_lines(staging, 0)[0])["conf"].get(CODEC_CONF, "lz4")
     for a in planned:
-        frame = frames.get(a.new.operator_id)
-        if frame is None:
-            frame = spark.createDataFrame([], a.raw_schema)
         write_hdfs_version(
             spark,
-            frame,
+            rows.get(a.new.operator_id) or SavepointRows(None, a.raw_schema),
             staging,
             a.new.operator_id,
             partitions,

@@ -27,12 +27,14 @@ import json
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from streamkeeper.errors import CheckpointRestoreError
+from streamkeeper.state import murmur3
 from streamkeeper.state.schema import ValuePlan, arrow_type, reshape
 from streamkeeper.state.unsafe_row import encode_struct
 from streamkeeper.storage import Location
@@ -53,17 +55,50 @@ LZ4_BLOCK_CONF = "spark.io.compression.lz4.blockSize"
 DEFAULT_STORE = "default"
 
 
-def canonical_state_frame(
-    spark: SparkSession,
+@dataclass(frozen=True)
+class SavepointRows:
+    """The savepoint rows of one operator, read and converted where they are used.
+
+    Attributes:
+        convert: reads the operator table's files and converts their rows to Spark's
+            raw state form with the new schema (None: the operator has no rows).
+        raw_schema: the raw reader's schema for this operator in the new checkpoint.
+    """
+
+    convert: _RowConverter | None
+    raw_schema: StructType
+
+    @property
+    def files(self) -> list[str]:
+        return self.convert.files if self.convert is not None else []
+
+    def frame(self, spark: SparkSession, on_driver: bool = False) -> DataFrame:
+        """The rows as a DataFrame in Spark's raw state form.
+
+        on_driver: read and convert here (a small savepoint, `DRIVER_STATE_BYTES`): the
+            frame is a local relation rather than a job over the files.
+        """
+        if self.convert is None:
+            return spark.createDataFrame([], self.raw_schema)
+        if on_driver:
+            import pyarrow as pa
+
+            batches = list(self.convert(iter([_file_ids(len(self.files))])))
+            if not batches:
+                return spark.createDataFrame([], self.raw_schema)
+            return spark.createDataFrame(pa.Table.from_batches(batches), self.raw_schema)
+        return _one_task_per_file(spark, len(self.files)).mapInArrow(self.convert, self.raw_schema)
+
+
+def savepoint_rows(
     files: list[str],
     location: Location,
     key_type: dict[str, Any],
     value_type: dict[str, Any],
     plan: ValuePlan,
     raw_schema: StructType,
-    on_driver: bool = False,
-) -> DataFrame:
-    """The savepoint rows of one operator in Spark's raw state form, new schema.
+) -> SavepointRows:
+    """One operator's savepoint rows, to be converted to the new job's schema.
 
     Args:
         files: the operator table's data files (paths for `location`'s file system).
@@ -71,24 +106,24 @@ def canonical_state_frame(
         key_type, value_type: the new job's key and value types (Spark schema JSON).
         plan: how the savepoint's value becomes the new value (schema.check_compatible).
         raw_schema: the raw reader's schema for this operator in the new checkpoint.
-        on_driver: read and convert here (a small savepoint, `DRIVER_STATE_BYTES`): the
-            frame is a local relation rather than a job over the files.
     """
     if not files:
-        return spark.createDataFrame([], raw_schema)
+        return SavepointRows(None, raw_schema)
     partition_key = json.loads(raw_schema["partition_key"].dataType.json())
     convert = _RowConverter(location, key_type, value_type, plan, partition_key, files)
-    if on_driver:
-        import pyarrow as pa
+    return SavepointRows(convert, raw_schema)
 
-        ids = pa.RecordBatch.from_pydict({"id": pa.array(range(len(files)), pa.int64())})
-        batches = list(convert(iter([ids])))
-        if not batches:
-            return spark.createDataFrame([], raw_schema)
-        return spark.createDataFrame(pa.Table.from_batches(batches), raw_schema)
-    # One task per file, as the export wrote them: a range of one id per partition
-    # (a round-robin repartition of the paths could give one task two files).
-    return spark.range(0, len(files), 1, len(files)).mapInArrow(convert, raw_schema)
+
+def _one_task_per_file(spark: SparkSession, files: int) -> DataFrame:
+    # A range of one id per partition: one task per file, as the export wrote them (a
+    # round-robin repartition of the paths could give one task two files, another none).
+    return spark.range(0, files, 1, files)
+
+
+def _file_ids(files: int) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict({"id": pa.array(range(files), pa.int64())})
 
 
 class _RowConverter:
@@ -139,7 +174,7 @@ class _RowConverter:
 
 def write_hdfs_version(
     spark: SparkSession,
-    frame: DataFrame,
+    rows: SavepointRows,
     checkpoint_dir: Path,
     operator_id: int,
     partitions: int,
@@ -147,13 +182,15 @@ def write_hdfs_version(
     codec: str,
     on_driver: bool = False,
 ) -> None:
-    """Write `frame`'s rows as version `version` of every partition's `.delta` file.
+    """Write the rows as version `version` of every partition's `.delta` file.
 
     With Spark's default codec (lz4) the tasks that convert the rows write the files,
     and no row is shuffled: each task computes every row's state partition (Spark's
-    `pmod(hash(key), n)`, in the JVM), frames and compresses its rows of partition p as
-    one lz4 stream (hdfs_files.lz4_stream_compress) and renames it into place as a piece
-    of p's file; the driver then joins each partition's pieces and the end of the file
+    `pmod(hash(key), n)`: in the same Python pass with murmur3.py for the key types it
+    supports, else by Spark between two passes), frames and compresses its rows of
+    partition p as one lz4 stream (hdfs_files.lz4_stream_compress) and renames it into
+    place as a piece of p's file; the driver then joins each partition's pieces and the
+    end of the file
     (-1, a stream of its own) into `{version}.delta`. Spark's LZ4 codec reads
     concatenated streams as one (lz4-java's `LZ4BlockInputStream` with concatenation
     on), and so does hdfs_files. No row passes through the driver; it moves or copies
@@ -169,28 +206,63 @@ def write_hdfs_version(
         def through_spark(partition: int, body: np.ndarray) -> None:
             jvm.write_compressed(body, operator_dir / str(partition) / f"{version}.delta")
 
-        _write_hdfs_on_driver(frame, partitions, through_spark)
+        _write_hdfs_on_driver(rows.frame(spark, on_driver), partitions, through_spark)
         return
     from pyspark.sql import functions as F
 
     block_size = int(spark.sparkContext._jsc.sc().conf().getSizeAsBytes(LZ4_BLOCK_CONF, "32k"))
     files = _PartitionFiles(str(operator_dir), version, block_size, partitions)
+    written: list[Any] = []
     if on_driver:
-        _write_hdfs_on_driver(frame, partitions, files.write)
+        _write_hdfs_on_driver(rows.frame(spark, True), partitions, files.write)
         return
-    written = (
-        frame.select(
-            # Spark's HashPartitioning of the state: pmod(Murmur3(key's fields, 42), n).
-            F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
-            "key_bytes",
-            "value_bytes",
+    if rows.convert is not None and murmur3.supports(rows.convert.partition_key):
+        written = (
+            _one_task_per_file(spark, len(rows.files))
+            .mapInArrow(_ConvertAndWrite(rows.convert, files), _PIECES_SCHEMA)
+            .collect()
         )
-        .mapInArrow(files.pieces, "task int, partition int, rows long")
-        .collect()
-    )
+    elif rows.convert is not None:
+        written = (
+            rows.frame(spark)
+            .select(
+                # Spark's HashPartitioning of the state: pmod(Murmur3(key's fields, 42), n).
+                F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
+                "key_bytes",
+                "value_bytes",
+            )
+            .mapInArrow(files.pieces, _PIECES_SCHEMA)
+            .collect()
+        )
     for partition in range(partitions):
         tasks = sorted({row.task for row in written if row.partition == partition})
         files.join(partition, tasks)
+
+
+_PIECES_SCHEMA = "task int, partition int, rows long"
+
+
+class _ConvertAndWrite:
+    """Task side, one Python pass: convert a file's rows, partition them, write pieces."""
+
+    def __init__(self, convert: _RowConverter, files: _PartitionFiles) -> None:
+        self.convert = convert
+        self.files = files
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from self.files.pieces(self._partitioned(batches))
+
+    def _partitioned(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        for rows in self.convert(batches):
+            numbers = murmur3.partition(
+                rows.column("partition_key"), self.convert.partition_key, self.files.partitions
+            )
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(numbers), rows.column("key_bytes"), rows.column("value_bytes")],
+                names=["partition", "key_bytes", "value_bytes"],
+            )
 
 
 class _PartitionFiles:
