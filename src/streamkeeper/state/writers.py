@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 READ_BATCH_ROWS = 65_536
 # A savepoint whose operators' Parquet files are this small in all is read, encoded and
-# written on the driver: a Spark job with two shuffles and Python workers costs more than
+# written on the driver: a Spark job with Python workers costs more than
 # the rows themselves (0.6-0.75 s for 100 keys, most of a canonical upgrade's restore).
 DRIVER_STATE_BYTES = 8 << 20
 CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
