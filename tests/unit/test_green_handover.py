@@ -72,28 +72,19 @@ def _hand_over(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fmt: str) -> lis
     return calls
 
 
-def test_native_handover_plans_the_operators_before_blue_stops(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+@pytest.mark.parametrize(
+    ("fmt", "prepared"),
+    [("native", "planned_operators"), ("canonical", "prepare_canonical_restore")],
+    ids=["native-plans-the-operators", "canonical-runs-the-bootstrap"],
+)
+def test_the_handover_prepares_before_blue_stops(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fmt: str, prepared: str
 ) -> None:
-    calls = _hand_over(monkeypatch, tmp_path, "native")
+    calls = _hand_over(monkeypatch, tmp_path, fmt)
     assert calls == [
         "handing_over",
         "warm_up",
-        "planned_operators",
-        "stop_blue",
-        "run from sp-1",
-        "discard_prepared",
-    ]
-
-
-def test_canonical_handover_runs_the_bootstrap_before_blue_stops(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    calls = _hand_over(monkeypatch, tmp_path, "canonical")
-    assert calls == [
-        "handing_over",
-        "warm_up",
-        "prepare_canonical_restore",
+        prepared,
         "stop_blue",
         "run from sp-1",
         "discard_prepared",
