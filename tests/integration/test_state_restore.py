@@ -133,13 +133,15 @@ def test_changed_code_on_another_partition_count_continues_exactly(
     [
         ("lz4", False, "numpy"),
         ("lz4", False, "spark"),
-        ("lz4", True, None),
-        ("zstd", False, None),
+        ("lz4", True, "numpy"),
+        ("lz4", True, "spark"),
+        ("zstd", False, "numpy"),
     ],
     ids=[
         "lz4-on-the-executors",
         "lz4-on-the-executors-partitioned-by-spark",
         "lz4-small-on-the-driver",
+        "lz4-small-on-the-driver-partitioned-by-spark",
         "zstd-through-spark",
     ],
 )
@@ -149,12 +151,13 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     monkeypatch: pytest.MonkeyPatch,
     codec: str,
     small: bool,
-    hashed_by: str | None,
+    hashed_by: str,
 ) -> None:
     """lz4 (Spark's default): the tasks write each partition's file, partitioned in the
     same Python pass (murmur3.py) or, for a key type it does not hash, by Spark between
-    two; the driver writes them for a small savepoint; any other codec goes through the
-    driver and Spark's own codec. All continue exactly."""
+    two; the driver writes them for a small savepoint (partitioned there, no Spark job,
+    or by Spark); any other codec goes through the driver and Spark's own codec. All
+    continue exactly."""
     from streamkeeper.state import murmur3, restore, writers
     from streamkeeper.state.hdfs_files import decompress, parse_records
 
@@ -172,6 +175,12 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     monkeypatch.setattr(
         writers, "_ConvertAndWrite", lambda *args: one_pass.append(1) or convert_and_write(*args)
     )
+    framed, frame = [], writers.SavepointRows.frame
+    monkeypatch.setattr(
+        writers.SavepointRows, "frame", lambda *args: framed.append(1) or frame(*args)
+    )
+    warmed, warm = [], restore.warm_python_workers
+    monkeypatch.setattr(restore, "warm_python_workers", lambda s: warmed.append(1) or warm(s))
 
     events = tmp_path / "events"
     files = write_events(events, files=3, per_file=200)
@@ -192,7 +201,10 @@ def test_the_restored_files_are_in_the_checkpoints_codec(
     keys = [len(parse_records(decompress(f.read_bytes(), codec))[0]) for f in restored]
     assert sum(keys) == savepoint.operators[0].rows and all(keys), keys
     assert bool(through_driver) == (small or codec != "lz4")
-    assert bool(one_pass) == (hashed_by == "numpy")
+    assert bool(one_pass) == (hashed_by == "numpy" and codec == "lz4" and not small)
+    # A Spark job converts or partitions the rows only where numpy cannot do it alone.
+    assert bool(framed) == (hashed_by == "spark" or codec != "lz4")
+    assert bool(warmed) == (not small)  # the workers the tasks use, during the bootstrap
     # The tasks' pieces (a task per savepoint file, each with rows of every partition)
     # were joined and removed.
     assert len(list((tmp_path / "sp").rglob("part-*.parquet"))) == 2

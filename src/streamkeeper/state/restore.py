@@ -61,6 +61,7 @@ from streamkeeper.state.writers import (
     raw_state_schema,
     rewrite_rocksdb,
     savepoint_rows,
+    warm_python_workers,
     write_hdfs_version,
 )
 from streamkeeper.storage import Location
@@ -262,9 +263,12 @@ def restore_canonical(
     else:
         work = bootstrap.work
     staging = work / "checkpoint"
+    warmed = None
     try:
         with session_conf(spark, _restore_conf(state_backend, shuffle_partitions)):
             if bootstrap is None:
+                if sum(op.bytes for op in operators) > DRIVER_STATE_BYTES:  # tasks will write
+                    warmed = warm_python_workers(spark)
                 kinds = run_bootstrap(spark, new_output, staging, output_mode, work)
             else:
                 kinds = bootstrap.kinds
@@ -278,12 +282,16 @@ def restore_canonical(
             for warning in warnings:
                 log.warning("restore: %s", warning)
             write_restored_positions(staging, positions, read_offsets_lines(staging, 0))
+            if warmed is not None:
+                warmed()
             writing = time.monotonic()
             _write_state(spark, staging, planned, savepoint_location, state_backend)
             written = time.monotonic()
             write_restored_commit(staging, positions)
         _move_into_place(staging, checkpoint_dir)
     finally:
+        if warmed is not None:
+            warmed()  # a restore that failed early does not leave its job behind
         shutil.rmtree(work, ignore_errors=True)
     report = RestoreReport(
         checkpoint_dir=checkpoint_dir,

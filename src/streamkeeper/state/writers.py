@@ -24,6 +24,7 @@ fields, the partitioning of every stateful operator's state.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
 
 READ_BATCH_ROWS = 65_536
 # A savepoint whose operators' Parquet files are this small in all is read, encoded and
@@ -112,6 +115,40 @@ def savepoint_rows(
     partition_key = json.loads(raw_schema["partition_key"].dataType.json())
     convert = _RowConverter(location, key_type, value_type, plan, partition_key, files)
     return SavepointRows(convert, raw_schema)
+
+
+def warm_python_workers(spark: SparkSession) -> Callable[[], None]:
+    """Start, in the background, the Python workers that the state's tasks will use.
+
+    A fresh worker spends most of a second importing (pyarrow, numpy, and pandas, which
+    pyarrow loads on its first conversion) before its first row. A restore starts this
+    before its bootstrap batch, which keeps the driver busy but not the executors' Python,
+    and the state's tasks then find warm workers (Spark reuses idle ones). Returns a
+    function that waits for it; a failure here is only logged: the tasks start their own.
+    """
+    from pyspark import InheritableThread
+
+    count = spark.sparkContext.defaultParallelism
+
+    def run() -> None:
+        try:
+            spark.range(0, count, 1, count).mapInArrow(_warm_worker, "ready boolean").collect()
+        except Exception as error:  # noqa: BLE001 - a warm-up; the real job reports its own
+            log.info("restore: warming the Python workers failed: %s", error)
+
+    thread = InheritableThread(target=run, name="restore-warm-workers", daemon=True)
+    thread.start()
+    return thread.join
+
+
+def _warm_worker(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
+    from streamkeeper.state import hdfs_files, murmur3  # noqa: F401 - what the tasks import
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"ready": pa.array([True])})  # pandas, via pyarrow
 
 
 def _one_task_per_file(spark: SparkSession, files: int) -> DataFrame:
@@ -206,7 +243,7 @@ def write_hdfs_version(
         def through_spark(partition: int, body: np.ndarray) -> None:
             jvm.write_compressed(body, operator_dir / str(partition) / f"{version}.delta")
 
-        _write_hdfs_on_driver(rows.frame(spark, on_driver), partitions, through_spark)
+        _write_hdfs_on_driver(spark, rows, on_driver, partitions, through_spark)
         return
     from pyspark.sql import functions as F
 
@@ -214,7 +251,7 @@ def write_hdfs_version(
     files = _PartitionFiles(str(operator_dir), version, block_size, partitions)
     written: list[Any] = []
     if on_driver:
-        _write_hdfs_on_driver(rows.frame(spark, True), partitions, files.write)
+        _write_hdfs_on_driver(spark, rows, True, partitions, files.write)
         return
     if rows.convert is not None and murmur3.supports(rows.convert.partition_key):
         written = (
@@ -372,23 +409,55 @@ def _write_atomically(target: Path, data: bytes) -> None:
 
 
 def _write_hdfs_on_driver(
-    frame: DataFrame, partitions: int, write: Callable[[int, np.ndarray], None]
+    spark: SparkSession,
+    rows: SavepointRows,
+    on_driver: bool,
+    partitions: int,
+    write: Callable[[int, np.ndarray], None],
 ) -> None:
-    """The rows through the driver's memory: `write(partition, records)` for each one."""
-    from pyspark.sql import functions as F
+    """The rows through the driver's memory: `write(partition, records)` for each one.
 
-    rows = frame.select(
-        F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
-        "key_bytes",
-        "value_bytes",
-    ).toArrow()
-    rows = rows.sort_by("partition")
+    on_driver: the rows are read and converted here too (a small savepoint); their
+    partitions are then computed here with murmur3.py where it supports the key, so no
+    Spark job runs at all. Otherwise Spark converts them and computes the partitions.
+    """
+    if on_driver and rows.convert is not None and murmur3.supports(rows.convert.partition_key):
+        table = _partitioned_here(rows.convert, partitions)
+    else:
+        from pyspark.sql import functions as F
+
+        table = (
+            rows.frame(spark, on_driver)
+            .select(
+                F.pmod(F.hash("partition_key"), F.lit(partitions)).alias("partition"),
+                "key_bytes",
+                "value_bytes",
+            )
+            .toArrow()
+        )
+    table = table.sort_by("partition")
     bounds = np.searchsorted(
-        rows.column("partition").to_numpy(), np.arange(partitions + 1), side="left"
+        table.column("partition").to_numpy(), np.arange(partitions + 1), side="left"
     )
     for partition in range(partitions):
-        part = rows.slice(bounds[partition], bounds[partition + 1] - bounds[partition])
+        part = table.slice(bounds[partition], bounds[partition + 1] - bounds[partition])
         write(partition, frame_records(part.column("key_bytes"), part.column("value_bytes")))
+
+
+def _partitioned_here(convert: _RowConverter, partitions: int) -> pa.Table:
+    """Read and convert every file here; each row with its partition (murmur3.py)."""
+    import pyarrow as pa
+
+    columns = ["partition", "key_bytes", "value_bytes"]
+    batches = list(convert(iter([_file_ids(len(convert.files))])))
+    if not batches:
+        return pa.table([pa.array([], pa.int32()), *[pa.array([], pa.binary())] * 2], columns)
+    converted = pa.Table.from_batches(batches)
+    key = converted.column("partition_key")
+    numbers = murmur3.partition(key, convert.partition_key, partitions)
+    return pa.table(
+        [numbers, converted.column("key_bytes"), converted.column("value_bytes")], names=columns
+    )
 
 
 def frame_records(keys: pa.Array, values: pa.Array, end: bool = True) -> np.ndarray:
