@@ -71,6 +71,7 @@ TAKE_STEPS = [
 ]
 STOP_STEP = Step("stop_after_savepoint", kind="stop")
 RESTORE_POINTS = ["restore_savepoint_during_download", "restore_savepoint_after_rename"]
+CANONICAL_RESTORE_POINTS = ["restore_state_after_pieces"]  # the last test below
 
 
 class Lineage:
@@ -98,6 +99,7 @@ class Lineage:
         *,
         retained: int | None = None,
         from_savepoint: str | None = None,
+        **env: str,
     ) -> subprocess.Popen:
         settings = [
             f"source.path={self.events}",
@@ -117,7 +119,7 @@ class Lineage:
         with log:
             return subprocess.Popen(
                 command,
-                env=driver_env(crash_at),
+                env=driver_env(crash_at, **env),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -238,7 +240,7 @@ def test_sigkill_at_every_savepoint_step_leaves_the_previous_savepoint_and_the_j
     lineage.ended(process, killed=False)
 
     steps = [s for _ in range(ROUNDS) for s in TAKE_STEPS] + [STOP_STEP]
-    reached = {s.point for s in steps} | set(RESTORE_POINTS)
+    reached = {s.point for s in steps} | set(RESTORE_POINTS) | set(CANONICAL_RESTORE_POINTS)
     assert reached == set(POINTS), f"not killed at {set(POINTS) - reached}"
     for step in steps:
         _take_step(lineage, step)
@@ -285,3 +287,46 @@ def test_sigkill_at_every_savepoint_step_leaves_the_previous_savepoint_and_the_j
             DeltaTable(table.table, version=table.version)
     log_folder = Path(manifest.tables["totals"].table) / "_delta_log"
     assert not (log_folder / f"{0:020d}.json").exists(), "maintenance never expired the log"
+
+
+def test_sigkill_between_a_canonical_restores_pieces_and_their_join_restores_again(
+    tmp_path: Path,
+) -> None:
+    """The restore's tasks wrote the state's pieces (as a large state's tasks do), the
+    driver is killed before it joins them: the checkpoint directory is still absent, the
+    next start restores again, removes the killed restore's work folder, and the job
+    goes on exactly from the savepoint."""
+    lineage = Lineage(tmp_path)
+    lineage.feed(3)
+    process = lineage.start("ck-0")
+    lineage.wait_for_batch(process, -1)
+    stop = lineage.client.send_command(JOB, "stop", format="canonical")
+    assert lineage.client.wait_for_result(JOB, stop.id, timeout=300).ok
+    lineage.ended(process, killed=False)
+    savepoint = lineage.complete()[-1]
+    manifest = lineage.client.describe_savepoint(savepoint).manifest
+    assert manifest is not None and manifest.format == "canonical"
+    lineage.feed()
+
+    on_executors = {"STREAMKEEPER_STATE_ON_EXECUTORS": "1"}
+    process = lineage.start(
+        "ck-restored", f"{CANONICAL_RESTORE_POINTS[0]}:1", from_savepoint=savepoint, **on_executors
+    )
+    lineage.ended(process, killed=True)
+    assert not (tmp_path / "ck-restored").exists()
+    (killed,) = tmp_path.glob(".ck-restored.restore-*")
+    pieces = list(killed.rglob(".*.delta.piece-*"))
+    assert pieces, f"killed before the tasks wrote their pieces: {list(killed.rglob('*'))}"
+    lineage.check_output()
+
+    process = lineage.start("ck-restored", from_savepoint=savepoint, **on_executors)
+    lineage.wait_until(process, lambda: lineage.check_output() == len(lineage.files), "every file")
+    stop = lineage.client.send_command(JOB, "stop", savepoint=False)
+    assert lineage.client.wait_for_result(JOB, stop.id, timeout=300).ok
+    lineage.ended(process, killed=False)
+
+    expected_totals = expected_results(lineage.files)[0]
+    totals = {r["key"]: (r["events"], r["total"]) for r in lineage.rows("totals")}
+    assert totals == expected_totals
+    assert not killed.exists(), "the killed restore's work folder was left"
+    assert list(tmp_path.glob(".ck-restored.restore-*")) == []

@@ -20,6 +20,7 @@ POINTS = (
     "savepoint_dispose_after_mark",  # delete/retention: entry `deleting`, data intact
     "savepoint_dispose_after_data",  # manifest and files deleted; pin and entry remain
     "restore_savepoint_during_download",  # some files in the restore's staging folder
+    "restore_state_after_pieces",  # canonical: the tasks wrote the state's pieces, unjoined
     "restore_savepoint_after_rename",  # the checkpoint directory in place; no query yet
 )
 

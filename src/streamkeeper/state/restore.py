@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ from streamkeeper.state.spark_state import (
     state_types,
 )
 from streamkeeper.state.uids import resolve_uids
+from streamkeeper.state.work_folders import create_work_folder, sweep_stale_work_folders
 from streamkeeper.state.writers import (
     CODEC_CONF,
     DRIVER_STATE_BYTES,
@@ -257,9 +257,9 @@ def restore_canonical(
             bootstrap.discard()
         raise
     warnings: list[str] = []
+    sweep_stale_work_folders(checkpoint_dir)  # a killed restore's, into this directory
     if bootstrap is None:
-        work = checkpoint_dir.parent / f".{checkpoint_dir.name}.restore-{uuid.uuid4().hex[:8]}"
-        work.mkdir(parents=True)
+        work = create_work_folder(checkpoint_dir)
     else:
         work = bootstrap.work
     staging = work / "checkpoint"

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamkeeper.errors import CheckpointRestoreError
+from streamkeeper.snapshots import savepoint_points
 from streamkeeper.state import murmur3
 from streamkeeper.state.schema import ValuePlan, arrow_type, reshape
 from streamkeeper.state.unsafe_row import encode_struct
@@ -271,6 +272,9 @@ def write_hdfs_version(
             .mapInArrow(files.pieces, _PIECES_SCHEMA)
             .collect()
         )
+    # A crash from here leaves only the restore's work folder: the checkpoint appears in
+    # one rename, after the joins, and the next restore starts again (PROTOCOL.md).
+    savepoint_points.reached("restore_state_after_pieces")
     for partition in range(partitions):
         tasks = sorted({row.task for row in written if row.partition == partition})
         files.join(partition, tasks)
