@@ -1,7 +1,7 @@
 """Commit latency: a batch's end (Spark's `commits/N`) to its output visible in Delta.
 
 Run:  .venv/bin/python benchmarks/commit_latency.py [--backends local,s3] [--seconds 60]
-          [--rate 2000] [--externalized] [--workdir DIR] [--keep]
+          [--rate 2000] [--externalized] [--set KEY=VALUE] [--workdir DIR] [--keep]
 
 The sample job (keyed-totals: `totals` merged by key, `changes` appended, exactly once)
 runs as a real driver (`streamkeeper run`, local[2], 1 s interval) at a steady rate (one
@@ -72,6 +72,7 @@ def ours(backend: Backend, work: Path, args: argparse.Namespace) -> list[dict[st
     root = backend.root("driver")
     events, checkpoint = work / "events", work / "checkpoint"
     extra = ["checkpoint.externalized.enabled=true"] if args.externalized else []
+    extra += args.set
     argv = driver_command(root, checkpoint, events, "1s")  # type: ignore[arg-type] - a URI too
     argv += [x for setting in extra for x in ("--set", setting)]
     spec = load_spec(REPO / "jobs" / "keyed_totals" / "job.yaml")
@@ -212,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=2000.0, help="events per second")
     parser.add_argument("--externalized", action="store_true", help="externalize checkpoints")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a job setting"
+    )
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)

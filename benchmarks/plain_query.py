@@ -7,7 +7,10 @@ The same source (JSON files, one file a batch), the same transform
 are not installable here). No write-ahead log, no fence, no commit protocol: what a user
 without streamkeeper runs. It runs until it is killed.
 
-    python benchmarks/plain_query.py EVENTS CHECKPOINT OUTPUT
+    python benchmarks/plain_query.py EVENTS CHECKPOINT OUTPUT [KEY=VALUE ...]
+
+Each KEY=VALUE is one more session setting (`restart_vs_plain.py` gives one side
+streamkeeper's checkpoint file manager).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ sys.path[:0] = [str(REPO)]
 SCHEMA = "event_id BIGINT, key STRING, value BIGINT"
 
 
-def main(events: str, checkpoint: str, output: str) -> None:
+def main(events: str, checkpoint: str, output: str, *settings: str) -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import DataFrame, SparkSession
@@ -41,8 +44,11 @@ def main(events: str, checkpoint: str, output: str) -> None:
             "spark.sql.streaming.stateStore.providerClass",
             "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
         )
-        .getOrCreate()
     )
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        spark = spark.config(key, value)
+    spark = spark.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
     def append(batch: DataFrame, batch_id: int) -> None:
@@ -61,4 +67,4 @@ def main(events: str, checkpoint: str, output: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:])

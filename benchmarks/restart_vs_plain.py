@@ -11,13 +11,15 @@ the job's head marker; plain: the mtime of Spark's new `commits/N`), then SIGKIL
 every timed start is a restart after a SIGKILL, and only one driver runs at a time (the
 other side's idle driver would take CPU from the start being timed, unevenly). Medians,
 their ratio (target: at most 1.1, issue 26) and the median of each of streamkeeper's start
-phases, read from its `start phases` log line.
+phases, read from its `start phases` log line. A third side, plain PySpark with the
+checkpoint file manager streamkeeper's session sets (runtime/session.py), separates what
+that setting gives from the rest of streamkeeper's cost.
 
     .venv/bin/python benchmarks/restart_vs_plain.py [--rounds 5]
 
-`--class-data-archive PATH` (made by `streamkeeper driver-archive PATH`) gives both sides
+`--class-data-archive PATH` (made by `streamkeeper driver-archive PATH`) gives every side
 the archive, each the way its users would: the spec's `spark.class_data_archive` for
-streamkeeper, `--driver-java-options` for plain PySpark. Without it both run with the
+streamkeeper, `--driver-java-options` for plain PySpark. Without it all run with the
 JVM's defaults (unset PYSPARK_SUBMIT_ARGS if `infra/driver_jvm.sh` was sourced).
 """
 
@@ -40,6 +42,10 @@ sys.path[:0] = [str(REPO / "src"), str(REPO)]
 
 from benchmarks.loadgen import driver_command, driver_env, machine  # noqa: E402
 from jobs.keyed_totals.sample_events import write_event_files  # noqa: E402
+from streamkeeper.runtime.session import (  # noqa: E402
+    CHECKPOINT_FILE_MANAGER_KEY,
+    LOCAL_CHECKPOINT_FILE_MANAGER,
+)
 
 JOB = "keyed-totals"
 EVENTS_PER_FILE = 2_000
@@ -136,6 +142,8 @@ class Streamkeeper(Side):
 
 
 class Plain(Side):
+    settings: tuple[str, ...] = ()  # more session settings for plain_query.py
+
     def env(self) -> dict[str, str]:
         env = driver_env()
         if self.archive is not None:  # what a plain PySpark user would pass
@@ -147,13 +155,20 @@ class Plain(Side):
     def argv(self) -> list[str]:
         script = Path(__file__).with_name("plain_query.py")
         return [sys.executable, str(script), str(self.events), str(self.work / "checkpoint"),
-                str(self.work / "output")]  # fmt: skip
+                str(self.work / "output"), *self.settings]  # fmt: skip
 
     def committed_after(self, started: float) -> float | None:
         commits = self.work / "checkpoint" / "commits"
         times = [p.stat().st_mtime for p in commits.glob("[0-9]*")] if commits.exists() else []
         newer = [t for t in times if t > started]
         return min(newer) - started if newer else None
+
+
+class PlainWithOurFileManager(Plain):
+    """Plain PySpark with the checkpoint file manager streamkeeper's session sets
+    (runtime/session.py): the same query, without that one difference of settings."""
+
+    settings = (f"{CHECKPOINT_FILE_MANAGER_KEY}={LOCAL_CHECKPOINT_FILE_MANAGER}",)
 
 
 def main() -> int:
@@ -171,6 +186,7 @@ def main() -> int:
     sides = [
         Streamkeeper("streamkeeper", place / "ours", archive),
         Plain("plain", place / "plain", archive),
+        PlainWithOurFileManager("plain-fs-mgr", place / "plain-fs-mgr", archive),
     ]
     times: dict[str, list[float]] = {side.name: [] for side in sides}
     try:
@@ -191,9 +207,13 @@ def main() -> int:
             if side.process is not None and side.process.poll() is None:
                 side.kill()
     print(f"\n{machine()}; {args.rounds} rounds; work in {place}")
-    ours, plain = (statistics.median(times[s.name]) for s in sides)
-    print(f"restart to first new commit, median: streamkeeper {ours:.2f} s, plain {plain:.2f} s")
+    ours, plain, plain_fs = (statistics.median(times[s.name]) for s in sides)
+    print(
+        f"restart to first new commit, median: streamkeeper {ours:.2f} s, plain {plain:.2f} s, "
+        f"plain with streamkeeper's checkpoint file manager {plain_fs:.2f} s"
+    )
     print(f"ratio streamkeeper / plain: {ours / plain:.2f} (target <= 1.1)")
+    print(f"ratio streamkeeper / plain with its file manager: {ours / plain_fs:.2f}")
     print_start_phases(sides[0].work)
     return 0
 

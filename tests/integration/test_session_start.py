@@ -1,4 +1,5 @@
-"""The driver's session start: PySpark's converter import is paid while the JVM launches."""
+"""The driver's session start: PySpark's converter import is paid while the JVM launches,
+and the checkpoint file manager Spark will use for the job's checkpoint."""
 
 from __future__ import annotations
 
@@ -30,22 +31,46 @@ sys.meta_path.insert(0, Watch())
 from streamkeeper.runtime.session import build_session
 from streamkeeper.spec import load_spec
 
-spark = build_session(load_spec(sys.argv[1], {}), "local[1]")
+spark = build_session(load_spec(sys.argv[1], json.loads(sys.argv[3])), "local[1]")
 rows = spark.createDataFrame([(1, "a"), (2, "b")], "n int, s string").collect()
-print(json.dumps({"loaded_by": loaded_by, "rows": [list(r) for r in rows]}))
+# What Spark's streaming query would use for a checkpoint here (its session's Hadoop conf).
+jvm = spark._jvm
+manager = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+used = manager.create(
+    jvm.org.apache.hadoop.fs.Path(sys.argv[4]), spark._jsparkSession.sessionState().newHadoopConf()
+)
+print(json.dumps({
+    "loaded_by": loaded_by,
+    "rows": [list(r) for r in rows],
+    "manager": used.getClass().getName(),
+}))
 """
+CHECKPOINTING = "org.apache.spark.sql.execution.streaming.checkpointing."
 
 
-def test_the_converter_module_is_loaded_beside_the_gateway_launch(tmp_path: Path) -> None:
+def _probe(tmp_path: Path, settings: dict[str, str]) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(SAMPLE_SPEC), CONVERTER_IMPORT],
+        [sys.executable, "-c", PROBE, str(SAMPLE_SPEC), CONVERTER_IMPORT,
+         json.dumps(settings), str(tmp_path / "checkpoint")],
         capture_output=True, text=True, env=driver_env(), cwd=tmp_path, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_converter_module_is_loaded_beside_the_gateway_launch(tmp_path: Path) -> None:
+    seen = _probe(tmp_path, {})
     # Loaded once, by the background import, not by the main thread after the launch.
     assert seen["loaded_by"] == [f"streamkeeper-import-{CONVERTER_IMPORT}"], seen
     assert seen["rows"] == [[1, "a"], [2, "b"]]
+    # Not Spark's default (FileContext-based: Hadoop forks chmod and readlink per file).
+    assert seen["manager"] == CHECKPOINTING + "FileSystemBasedCheckpointFileManager"
+
+
+def test_a_specs_checkpoint_file_manager_is_the_one_spark_uses(tmp_path: Path) -> None:
+    chosen = CHECKPOINTING + "FileContextBasedCheckpointFileManager"
+    key = "spark.conf.spark.sql.streaming.checkpointFileManagerClass"
+    assert _probe(tmp_path, {key: chosen})["manager"] == chosen
 
 
 def test_a_loaded_module_is_not_imported_again() -> None:
