@@ -71,6 +71,9 @@ class ChaosJob:
             # kills then land in and around it, and every check reads maintained tables.
             "maintenance.every=2",
             "maintenance.history_retention=0s",
+            # The reference reads every batch's `offsets/N` (batch_files): Spark keeps 100,
+            # and a run whose drivers outpace the random kills goes past that.
+            "spark.conf.spark.sql.streaming.minBatchesToRetain=100000",
         ]
         if self.sink_mode != "exactly_once":
             settings.append(f"checkpoint.mode={self.sink_mode}")

@@ -94,6 +94,25 @@ def test_append_commit_is_visible_and_idempotent(target: TableTarget) -> None:
     assert len(target.open().to_pyarrow_table()) == 2
 
 
+def test_a_refreshed_committer_holds_its_own_append_and_still_sees_a_newer_epoch(
+    target: TableTarget,
+) -> None:
+    """The coordinator reads a table back after its commit (off the visibility path); a
+    newer runner's commit after that is still seen before the next commit."""
+    older = TableCommitter(target, epoch=1)
+    assert older.commit(append_part(target, "sk-1.parquet", {"key": ["a"], "total": [1]}), 1) == 1
+    assert older._table is not None and older._table.version() == 0  # before its own commit
+    older.refresh()
+    assert older._table.version() == 1  # nothing left to read on the next commit
+    TableCommitter(target, epoch=2).commit(
+        append_part(target, "sk-2.parquet", {"key": ["b"], "total": [2]}), seq=2
+    )
+    late = append_part(target, "sk-3.parquet", {"key": ["z"], "total": [9]})
+    with pytest.raises(FencedError):
+        older.commit(late, seq=3)
+    assert contents(target) == {"a": 1, "b": 2}
+
+
 def test_empty_part_commits_nothing(target: TableTarget) -> None:
     part = SinkBatch(table=target.location.uri, output="append", mode="exactly_once")
     assert TableCommitter(target, epoch=1).commit(part, seq=0) == 0

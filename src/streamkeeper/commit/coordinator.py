@@ -178,6 +178,7 @@ class CommitCoordinator:
         if self.checkpoints is not None:
             self.checkpoints.after_commit(manifest)  # retention, off the visibility path
         self._maintain(versions, manifest.seq)
+        self._refresh(deferred)
         log.info(
             "batch %d committed as seq %d: versions %s", manifest.batch_id, manifest.seq, versions
         )
@@ -232,6 +233,15 @@ class CommitCoordinator:
             raise
         except Exception as error:  # noqa: BLE001 - the output is committed; only upkeep failed
             log.warning("table maintenance failed (retried after the next commits): %s", error)
+
+    def _refresh(self, sinks: list[str]) -> None:
+        """Read the tables just committed back now, between batches; a failure only means
+        the next commit reads them itself."""
+        for name in sinks:
+            try:
+                self._committers[name].refresh()
+            except Exception as error:  # noqa: BLE001 - the output is committed
+                log.debug("could not read table %s back after its commit: %s", name, error)
 
     def _sweep_retried_tasks(self, manifest: Manifest) -> None:
         """A failed task or stage attempt may have left files in the batch's folder.

@@ -350,6 +350,14 @@ class TableCommitter:
             self._table.update_incremental()
         return self._table
 
+    def refresh(self) -> None:
+        """Read the table's newest commits now, so that the next commit's `snapshot` finds
+        only what others wrote since. An append leaves the table object before its own
+        commit (a merge does not); reading it back here, after the marker, takes ~3 ms
+        of the next batch's visibility path."""
+        if self._table is not None:
+            self._table.update_incremental()
+
     def commit(self, part: SinkBatch, seq: int) -> int:
         """Commit `part` as commit `seq`; a no-op if the table already holds it.
 
