@@ -16,8 +16,8 @@ storage at a 1 s trigger interval, with a new event file every 0.5 s. Each round
                                 driver started from it: last commit to first commit
 
 Beside Flink's stop-with-savepoint + restore of a comparable job on this machine:
-7.8-13.1 s (DESIGN.md). Target: gap <= interval + 2 s. The last line printed is one JSON
-object with every figure.
+7.8-13.1 s (DESIGN.md). Target (issue 26): gap <= interval + 1 s. The last line printed
+is one JSON object with every figure.
 """
 
 from __future__ import annotations

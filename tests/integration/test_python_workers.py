@@ -5,11 +5,15 @@ test's workers are in the pool."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
+
+import pytest
 
 from streamkeeper.runtime.python_workers import REUSE_KEY, warm_python_workers
 
@@ -73,3 +77,27 @@ def test_no_warm_up_where_spark_would_not_keep_the_workers() -> None:
     conf = {REUSE_KEY: "False"}
     context = SimpleNamespace(getConf=lambda: SimpleNamespace(get=lambda k, d: conf.get(k, d)))
     assert warm_python_workers(SimpleNamespace(sparkContext=context)) is None  # type: ignore[arg-type]
+
+
+def test_a_warm_up_that_fails_is_logged_and_raises_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only the timing depends on the warm-up: a failure there must not reach the driver's
+    start (the first batch then starts its own workers)."""
+
+    def broken_range(*_args: object, **_kwargs: object) -> NoReturn:
+        raise RuntimeError("the JVM went away")
+
+    context = SimpleNamespace(
+        getConf=lambda: SimpleNamespace(get=lambda _k, default: default),
+        setLocalProperty=lambda _k, _v: None,
+        defaultParallelism=2,
+    )
+    spark = SimpleNamespace(sparkContext=context, range=broken_range)
+    with caplog.at_level(logging.DEBUG, logger="streamkeeper.runtime.python_workers"):
+        thread = warm_python_workers(spark)  # type: ignore[arg-type]
+        assert thread is not None
+        thread.join(10)
+    assert not thread.is_alive()
+    (record,) = [r for r in caplog.records if "could not start Python workers" in r.message]
+    assert record.exc_info is not None and "the JVM went away" in str(record.exc_info[1])

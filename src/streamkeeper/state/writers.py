@@ -85,12 +85,10 @@ class SavepointRows:
         if self.convert is None:
             return spark.createDataFrame([], self.raw_schema)
         if on_driver:
-            import pyarrow as pa
-
-            batches = list(self.convert(iter([_file_ids(len(self.files))])))
-            if not batches:
+            converted = _converted_here(self.convert)
+            if converted is None:
                 return spark.createDataFrame([], self.raw_schema)
-            return spark.createDataFrame(pa.Table.from_batches(batches), self.raw_schema)
+            return spark.createDataFrame(converted, self.raw_schema)
         return _one_task_per_file(spark, len(self.files)).mapInArrow(self.convert, self.raw_schema)
 
 
@@ -453,15 +451,22 @@ def _partitioned_here(convert: _RowConverter, partitions: int) -> pa.Table:
     import pyarrow as pa
 
     columns = ["partition", "key_bytes", "value_bytes"]
-    batches = list(convert(iter([_file_ids(len(convert.files))])))
-    if not batches:
+    converted = _converted_here(convert)
+    if converted is None:
         return pa.table([pa.array([], pa.int32()), *[pa.array([], pa.binary())] * 2], columns)
-    converted = pa.Table.from_batches(batches)
     key = converted.column("partition_key")
     numbers = murmur3.partition(key, convert.partition_key, partitions)
     return pa.table(
         [numbers, converted.column("key_bytes"), converted.column("value_bytes")], names=columns
     )
+
+
+def _converted_here(convert: _RowConverter) -> pa.Table | None:
+    """Every savepoint file read and converted in this process; None if none has rows."""
+    import pyarrow as pa
+
+    batches = list(convert(iter([_file_ids(len(convert.files))])))
+    return pa.Table.from_batches(batches) if batches else None
 
 
 def frame_records(keys: pa.Array, values: pa.Array, end: bool = True) -> np.ndarray:
