@@ -325,3 +325,21 @@ def test_failing_polls_still_end_at_the_deadline(plane: Path) -> None:
     event = _scripted(["fail"] * 50, tolerated_failures=100, deadline=time.time() + 0.3)
     assert event["status"] == "error" and "gave up waiting at the deadline" in event["message"]
     assert "the last poll failed: TimeoutError" in event["message"]
+
+
+def test_a_trigger_that_fires_on_its_first_poll_logs_its_verdict_under_its_own_name(
+    plane: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The triggerer's log for the task must say which trigger decided and what it saw,
+    also when the job was ready at the first poll (no waiting line was logged before)."""
+    _beat(plane, run_token="af-abc")
+    args = {**COMMON, "baseline_seq": 3, "run_token": "af-abc", "after_epoch": 3}
+    done = _run(CheckpointProgressTrigger(**args, new_checkpoints=2))
+    assert done["status"] == "success", done
+    logged = capfd.readouterr()
+    lines = [
+        line
+        for line in (logged.out + logged.err).splitlines()
+        if "CheckpointProgressTrigger" in line and done["message"] in line
+    ]
+    assert len(lines) == 1, logged

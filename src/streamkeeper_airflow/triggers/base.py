@@ -161,6 +161,9 @@ class ControlPlaneTrigger(BaseTrigger):
             else:
                 failures = 0
                 if verdict.done:
+                    # Under the trigger's own logger, so the triggerer's log names which
+                    # trigger decided, even one that fired on its first poll.
+                    self.log.info("%s: %s", self.job, verdict.payload.get("message"))
                     yield TriggerEvent(self._event(verdict.payload))
                     return
             if self.deadline is not None and time.time() >= self.deadline:
