@@ -45,6 +45,7 @@ from streamkeeper.lineage.commands import (
 )
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
+from streamkeeper.observability.health import HEARTBEAT_LOST_AFTER
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
 from streamkeeper.observability.history_tail import HistoryTail
 from streamkeeper.observability.status import (
@@ -80,6 +81,9 @@ log = logging.getLogger(__name__)
 
 JOBS_FOLDER = "jobs"
 HEALTH_HISTORY_ROWS = 20  # what the DEGRADED checks look at
+# How long past HEARTBEAT_LOST_AFTER a lost heartbeat is waited for before a decision (a
+# beat sent into a storage outage returns within the fail-fast store's timeouts after it).
+LOST_HEARTBEAT_GRACE = 30.0
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -233,6 +237,31 @@ class StreamkeeperClient:
             now=now,
             rewind_pending=self.store.read_json(layout.rewind_pending),
         )
+
+    def settled_status(
+        self, job: str, *, grace: float = LOST_HEARTBEAT_GRACE, poll: float = 1.0
+    ) -> StatusReport:
+        """The job's status for a decision that is not undone (refuse an upgrade, a
+        command): a heartbeat lost only lately is waited out.
+
+        A runner cut off from storage cannot beat, so for a moment after an outage longer
+        than `HEARTBEAT_LOST_AFTER` its status says FAILED (heartbeat lost) although it
+        runs on. This reads the status again every `poll` seconds until the runner beats,
+        or its last beat is `grace` seconds past that limit: then it is presumed dead. A
+        job dead for longer is answered at once.
+
+        Raises:
+            UnknownJobError: no such job below the root (names the jobs there are).
+        """
+        while True:
+            report = self.status(job)
+            beat_at = None if report.runner is None else report.runner.heartbeat_at
+            if not report.heartbeat_lost or beat_at is None:
+                return report
+            if time.time() >= float(beat_at) + HEARTBEAT_LOST_AFTER + grace:
+                return report
+            log.info("job %s: %s; waiting up to %gs for a beat", job, report.reason, grace)
+            time.sleep(poll)
 
     def history(self, job: str, last: int | None = 20) -> list[Checkpoint]:
         """The job lineage's last `last` committed checkpoints (all if None), oldest first.

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamkeeper.commit.tables import TableTarget
+from streamkeeper.lineage.control import ControlPlane, Fence
+from streamkeeper.lineage.heartbeat import Heartbeat
+from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.storage import Location, S3Settings, probe
 from tests.conftest import S3_BUCKET
 from tests.support.driver import driver_env
@@ -263,3 +267,49 @@ def test_a_restore_whose_response_is_lost_is_recognised_not_made_again(proxy: S3
     assert table.version() == version == 3  # the landed restore, recognised by the retry
     assert table.history(1)[0]["streamkeeper.restore"] == "1:0"
     assert table.to_pyarrow_dataset().to_table().column("n").to_pylist() == [0]
+
+
+def test_the_heartbeat_beats_again_soon_after_a_silent_outage(proxy: S3FaultProxy) -> None:
+    """Every request hangs for OUTAGE_S (a partition: nothing answers, nothing refuses);
+    then S3 answers again. The beats go through the fail-fast store, so a beat sent into
+    the outage gives up in seconds and the next one lands soon after it ends. Through the
+    patient store (30 s read timeout) the beat in flight would keep the heartbeat silent
+    for about 30 s - OUTAGE_S after it: readers would presume the driver dead."""
+    uri = f"s3://{S3_BUCKET}/beat-{uuid.uuid4().hex[:8]}"
+    root = _through(proxy, uri)
+    layout = LineageLayout(root, "lin", "job")
+    control = ControlPlane(root.store(), layout)
+    direct = ControlPlane(Location(uri, S3Settings.from_env()).store(), layout)
+    lease = control.acquire()
+    beat = Heartbeat(
+        control,
+        Fence(control, lease),
+        facts=dict,
+        interval=0.5,
+        beats=lambda: ControlPlane(root.store(fail_fast=True), layout),
+    )
+    beat.start()
+    try:
+        _wait_for(lambda: (direct.heartbeat() or {}).get("state") == "RUNNING", 20)
+        proxy.set_faults(FaultPlan([Fault("latency", 1.0, latency_ms=120_000)]))
+        time.sleep(OUTAGE_S)
+        proxy.clear_faults()
+        healed = time.time()
+        _wait_for(lambda: float(direct.heartbeat()["time"]) > healed, 30)
+        silent_after = time.time() - healed
+    finally:
+        proxy.clear_faults()
+        beat.stop("STOPPED")
+    # Half the outage's length: far below the ~22 s the patient store's beat would take.
+    assert silent_after < OUTAGE_S / 2 + 3, f"first beat {silent_after:.1f} s after the outage"
+    assert direct.heartbeat()["state"] == "STOPPED"
+
+
+OUTAGE_S = 8.0
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s"
+        time.sleep(0.1)

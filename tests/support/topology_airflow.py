@@ -358,11 +358,36 @@ class AirflowCluster:
         )
 
     def describe(self, dag_id: str, run_id: str) -> str:
+        """Each task's state, try and queue; a failed task's last error from its log."""
         tasks = self.task_instances(dag_id, run_id).values()
         return ", ".join(
             f"{t['task_id']}={t['state']} (try {t['try_number']}, queue {t['queue']})"
+            + (f" [{self.last_error(dag_id, run_id, t)}]" if t["state"] == "failed" else "")
             for t in tasks
         )
+
+    def last_error(self, dag_id: str, run_id: str, task: dict[str, Any]) -> str:
+        """The last error a task's try logged (its log file in the shared home)."""
+        log = (
+            self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+            / f"task_id={task['task_id']}" / f"attempt={task['try_number']}.log"
+        )  # fmt: skip
+        if not log.exists():
+            return f"no log at {log}"
+        errors = []
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("level") != "error":
+                continue
+            detail = entry.get("error_detail")
+            if isinstance(detail, list) and detail:  # the exception that failed the try
+                errors.append(f"{detail[-1].get('exc_type')}: {detail[-1].get('exc_value')}")
+            else:
+                errors.append(str(entry.get("event", "")))
+        return errors[-1][:600] if errors else "no error logged"
 
 
 class ApiError(RuntimeError):

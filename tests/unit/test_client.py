@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +18,7 @@ from typer.testing import CliRunner
 from streamkeeper.cli import app
 from streamkeeper.client import StreamkeeperClient, UnknownJobError
 from streamkeeper.lineage.layout import seq_name
+from streamkeeper.observability.health import HEARTBEAT_LOST_AFTER
 from streamkeeper.observability.history import (
     CheckpointHistory,
     CheckpointRecord,
@@ -28,7 +31,7 @@ JOB = "keyed-totals"
 NOW = 1_800_000_000.0
 
 STATUS_FIELDS = {
-    "job", "lineage", "root", "state", "healthy", "reason", "last_committed_seq",
+    "job", "lineage", "root", "state", "healthy", "heartbeat_lost", "reason", "last_committed_seq",
     "last_committed_batch", "last_commit_at", "runner", "pending_commits",
     "consecutive_failures", "tolerable_failures", "failed_checkpoints", "last_failure",
     "rewind_pending", "tables", "checked_at",
@@ -267,6 +270,62 @@ def test_reading_the_last_rows_reads_only_the_newest_files(
 
 
 # -- the CLI ---------------------------------------------------------------------------
+
+
+def _beating(root: Path, seconds_ago: float) -> None:
+    """The runner's last beat, RUNNING, `seconds_ago` before the wall clock's now."""
+    write_control_plane(
+        root, seqs=range(3), heartbeat={"state": "RUNNING", "time": time.time() - seconds_ago}
+    )
+
+
+def test_a_lost_heartbeat_is_flagged_apart_from_a_recorded_failure(tmp_path: Path) -> None:
+    _beating(tmp_path, seconds_ago=45)
+    lost = StreamkeeperClient(str(tmp_path)).status(JOB)
+    assert (lost.state, lost.heartbeat_lost, lost.to_json()["heartbeat_lost"]) == (
+        "FAILED",
+        True,
+        True,
+    )
+    assert lost.reason.startswith("heartbeat lost")
+    write_control_plane(tmp_path, seqs=range(3), heartbeat={"state": "FAILED", "time": NOW})
+    recorded = StreamkeeperClient(str(tmp_path)).status(JOB)
+    assert (recorded.state, recorded.heartbeat_lost) == ("FAILED", False)
+
+
+def test_a_settled_status_waits_out_a_lately_lost_heartbeat_until_the_runner_beats(
+    tmp_path: Path,
+) -> None:
+    """A runner cut off from storage beats again after the outage: a decision taken on
+    the settled status sees it RUNNING, not presumed dead."""
+    _beating(tmp_path, seconds_ago=35)
+    client = StreamkeeperClient(str(tmp_path))
+    assert client.status(JOB).heartbeat_lost
+    beats_again = threading.Timer(1.5, _beating, (tmp_path, 0.0))
+    beats_again.start()
+    began = time.monotonic()
+    report = client.settled_status(JOB, poll=0.1)
+    beats_again.join()
+    assert report.state == "RUNNING" and not report.heartbeat_lost, report.reason
+    assert time.monotonic() - began >= 1.4  # it did wait for the beat
+
+
+def test_a_settled_status_answers_at_once_for_a_runner_silent_past_the_grace(
+    tmp_path: Path,
+) -> None:
+    _beating(tmp_path, seconds_ago=HEARTBEAT_LOST_AFTER + 31)
+    began = time.monotonic()
+    report = StreamkeeperClient(str(tmp_path)).settled_status(JOB, grace=30, poll=0.1)
+    assert report.heartbeat_lost and time.monotonic() - began < 1.0
+
+
+def test_a_settled_status_gives_up_at_the_end_of_the_grace(tmp_path: Path) -> None:
+    _beating(tmp_path, seconds_ago=HEARTBEAT_LOST_AFTER + 1)
+    began = time.monotonic()
+    report = StreamkeeperClient(str(tmp_path)).settled_status(JOB, grace=2.0, poll=0.1)
+    waited = time.monotonic() - began
+    assert report.heartbeat_lost and report.state == "FAILED"
+    assert 0.5 < waited < 4.0, waited  # the grace's last second, then the presumption
 
 
 def _cli(*args: str) -> object:

@@ -252,3 +252,81 @@ def test_write_owned_refuses_a_lower_epoch(control: ControlPlane) -> None:
         control.write_owned(key, Lease.for_this_process(2), {"job": "old"})
     control.write_owned(key, Lease.for_this_process(3), {"job": "again"})
     assert control.job_record() == {"job": "again", "epoch": 3}
+
+
+class _Outage:
+    """A store that fails every write while `down` is set (a storage outage)."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.store = store
+        self.down = threading.Event()
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    def write_if(self, key: str, value: dict, expected: str | None) -> str | None:
+        self.writes += 1
+        if self.down.is_set():
+            raise ConnectionError("storage unreachable")
+        return self.store.write_if(key, value, expected)
+
+
+def test_periodic_beats_go_through_their_own_store_and_the_final_one_through_the_patient(
+    control: ControlPlane, tmp_path: Path
+) -> None:
+    fast = _Outage(LocalStore(tmp_path))
+    beats = ControlPlane(fast, control.layout)  # type: ignore[arg-type]
+    fence = Fence(control, Lease.for_this_process(1))
+    beat = Heartbeat(control, fence, facts=dict, interval=0.02, beats=lambda: beats)
+    beat.start()
+    deadline = time.monotonic() + 5
+    while fast.writes < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fast.writes >= 3 and control.heartbeat()["state"] == "RUNNING"
+    fast.down.set()  # the fail-fast store is down: the final beat still lands
+    beat.stop("STOPPED", reason="done")
+    assert (control.heartbeat()["state"], control.heartbeat()["reason"]) == ("STOPPED", "done")
+
+
+def test_an_outage_is_warned_once_and_its_end_once(
+    control: ControlPlane, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fast = _Outage(LocalStore(tmp_path))
+    beats = ControlPlane(fast, control.layout)  # type: ignore[arg-type]
+    beat = Heartbeat(
+        control, Fence(control, Lease.for_this_process(1)), dict, 0.02, beats=lambda: beats
+    )
+    caplog.set_level("WARNING", logger="streamkeeper.lineage.heartbeat")
+    fast.down.set()
+    beat.start()
+    deadline = time.monotonic() + 5
+    while fast.writes < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fast.writes >= 5  # it kept beating into the outage
+    stale = control.heartbeat()["time"]
+    fast.down.clear()
+    while control.heartbeat()["time"] == stale and time.monotonic() < deadline:
+        time.sleep(0.01)
+    beat.stop("STOPPED")
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith("heartbeat not written")] == [
+        "heartbeat not written; retrying every 0.02s"
+    ]
+    assert len([m for m in messages if m.startswith("heartbeat written again")]) == 1
+    assert caplog.records[0].exc_info is not None  # the outage's cause, once
+
+
+def test_a_fail_fast_store_that_cannot_be_built_leaves_the_patient_one_beating(
+    control: ControlPlane,
+) -> None:
+    def broken() -> ControlPlane:
+        raise RuntimeError("no client")
+
+    beat = Heartbeat(control, Fence(control, Lease.for_this_process(1)), dict, 0.02, beats=broken)
+    beat.start()
+    deadline = time.monotonic() + 5
+    while control.heartbeat()["state"] != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert control.heartbeat()["state"] == "RUNNING"  # the thread beat on, through `control`
+    beat.stop("STOPPED")

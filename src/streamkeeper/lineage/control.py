@@ -260,12 +260,17 @@ class Fence:
     def fenced(self) -> bool:
         return self._fenced is not None
 
-    def check(self) -> None:
-        """Raise FencedError if this runner no longer owns the lineage."""
+    def check(self, through: ControlPlane | None = None) -> None:
+        """Raise FencedError if this runner no longer owns the lineage.
+
+        Args:
+            through: the control plane asked (default the fence's own), e.g. one over a
+                fail-fast store for a heartbeat's beat.
+        """
         if self._fenced is not None:
             raise self._fenced
         try:
-            self.control.check_not_fenced(self.lease)
+            (through or self.control).check_not_fenced(self.lease)
         except FencedError as error:
             self._fenced = error
             raise

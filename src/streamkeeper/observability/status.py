@@ -96,6 +96,16 @@ class StatusReport:
         return self.state in ("RUNNING", "STOPPED") and self.rewind_pending is None
 
     @property
+    def heartbeat_lost(self) -> bool:
+        """FAILED only because its runner's beats stopped coming: presumed dead, not known
+        to be (a runner cut off from storage beats again once it reaches it)."""
+        return (
+            self.state == "FAILED"
+            and self.runner is not None
+            and (self.runner.state in RUNNER_LIVE)
+        )
+
+    @property
     def rewind_advice(self) -> str | None:
         """What to do about a rollback left halfway, or None."""
         if self.rewind_pending is None:
@@ -112,6 +122,7 @@ class StatusReport:
             "root": self.root,
             "state": self.state,
             "healthy": self.healthy,
+            "heartbeat_lost": self.heartbeat_lost,
             "reason": self.reason,
             "last_committed_seq": None if head is None else head.seq,
             "last_committed_batch": None if head is None else head.batch_id,

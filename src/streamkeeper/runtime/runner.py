@@ -131,7 +131,11 @@ class JobRunner:
         self.fence = fence = start.take()
         health = CheckpointHealth(self.spec.checkpoint.tolerable_failures)
         heartbeat = Heartbeat(
-            self.control, fence, lambda: self._facts(health), on_fenced=self._on_fenced
+            self.control,
+            fence,
+            lambda: self._facts(health),
+            on_fenced=self._on_fenced,
+            beats=lambda: ControlPlane(self.paths.root.store(fail_fast=True), self.paths.layout),
         )
         heartbeat.start()
         if self.options.on_heartbeat is not None:

@@ -139,12 +139,17 @@ class Location:
             retry_strategy=pafs.AwsDefaultS3RetryStrategy(max_attempts=6),
         )
 
-    def store(self) -> ObjectStore:
-        """A small-object store rooted here."""
+    def store(self, *, fail_fast: bool = False) -> ObjectStore:
+        """A small-object store rooted here.
+
+        Args:
+            fail_fast: S3 calls give up in seconds instead of riding out an outage (for
+                writes that are repeated anyway, like a heartbeat's); local files ignore it.
+        """
         from streamkeeper.storage.objects import LocalStore, S3Store
 
         if self.is_s3:
-            return S3Store(self)
+            return S3Store(self, fail_fast=fail_fast)
         return LocalStore(Path(self.uri))
 
 

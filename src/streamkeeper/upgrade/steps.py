@@ -69,7 +69,7 @@ def begin_upgrade(
         return records.read(upgrade_id)
     except UpgradeError:
         pass
-    status = client.status(job)
+    status = client.settled_status(job)  # a storage outage's lost beats are no verdict
     if status.state not in ("RUNNING", "DEGRADED"):
         raise UpgradeError(
             f"job {job!r} is {status.state}, not RUNNING: an upgrade starts from a running "

@@ -99,8 +99,13 @@ class StreamkeeperHook(BaseHook):
         with self._hidden():
             return self.client.jobs()
 
-    def status(self, job: str, *, missing_ok: bool = False) -> StatusReport | None:
+    def status(
+        self, job: str, *, missing_ok: bool = False, settled: bool = False
+    ) -> StatusReport | None:
         """The job's status; None for a job that never ran if `missing_ok`.
+
+        `settled`: for a decision that is not undone, a heartbeat lost only lately is
+        waited out (StreamkeeperClient.settled_status).
 
         Raises:
             UnknownJobError: no such job and not `missing_ok` (names the jobs there are).
@@ -109,7 +114,7 @@ class StreamkeeperHook(BaseHook):
 
         with self._hidden():
             try:
-                return self.client.status(job)
+                return self.client.settled_status(job) if settled else self.client.status(job)
             except UnknownJobError:
                 if missing_ok:
                     return None

@@ -119,7 +119,7 @@ class _CommandOperator(BaseOperator):
             with self.hook._hidden():
                 if self.hook.client.command_sent(self.job, command_id):
                     return
-            status = self.hook.status(self.job)
+            status = self.hook.status(self.job, settled=True)
         except StreamkeeperError as error:
             raise AirflowFailException(str(error)) from None
         if not runner_live(status):
