@@ -45,7 +45,7 @@ from streamkeeper.lineage.commands import (
 )
 from streamkeeper.lineage.layout import LineageLayout
 from streamkeeper.lineage.markers import latest_marker, marker_seqs_after
-from streamkeeper.observability.health import HEARTBEAT_LOST_AFTER
+from streamkeeper.observability.health import LOST_HEARTBEAT_GRACE
 from streamkeeper.observability.history import Checkpoint, CheckpointHistory
 from streamkeeper.observability.history_tail import HistoryTail
 from streamkeeper.observability.status import (
@@ -81,9 +81,6 @@ log = logging.getLogger(__name__)
 
 JOBS_FOLDER = "jobs"
 HEALTH_HISTORY_ROWS = 20  # what the DEGRADED checks look at
-# How long past HEARTBEAT_LOST_AFTER a lost heartbeat is waited for before a decision (a
-# beat sent into a storage outage returns within the fail-fast store's timeouts after it).
-LOST_HEARTBEAT_GRACE = 30.0
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -255,10 +252,7 @@ class StreamkeeperClient:
         """
         while True:
             report = self.status(job)
-            beat_at = None if report.runner is None else report.runner.heartbeat_at
-            if not report.heartbeat_lost or beat_at is None:
-                return report
-            if time.time() >= float(beat_at) + HEARTBEAT_LOST_AFTER + grace:
+            if not report.lost_lately(time.time(), grace):
                 return report
             log.info("job %s: %s; waiting up to %gs for a beat", job, report.reason, grace)
             time.sleep(poll)

@@ -204,6 +204,21 @@ def test_progress_fails_when_the_followed_runner_fails(plane: Path) -> None:
     assert "SourceError: gone" in failed["message"]
 
 
+def test_progress_waits_for_a_runner_lost_lately_and_fails_one_lost_past_the_grace(
+    plane: Path,
+) -> None:
+    """A heartbeat 35 s old is lost (30 s), but its runner may be cut off from storage
+    and beat again: the wait goes on. One 61 s old is past the 30 s grace: it failed."""
+    args = {**COMMON, "run_token": "af-abc", "after_epoch": 3, "new_checkpoints": 0}
+    _beat(plane, run_token="af-abc", time=time.time() - 35)
+    pending = _run(CheckpointProgressTrigger(**{**args, "deadline": time.time() + 0.3}))
+    assert pending["status"] == "error" and "gave up waiting at the deadline" in pending["message"]
+    assert "heartbeat lost" in pending["message"]  # what it waited on, named
+    _beat(plane, run_token="af-abc", time=time.time() - 61)
+    failed = _run(CheckpointProgressTrigger(**{**args, "deadline": time.time() + 30}))
+    assert failed["status"] == "error" and "is FAILED before" in failed["message"]
+
+
 def test_healthy_passes_a_probation_and_fails_on_a_new_runner(plane: Path) -> None:
     _beat(plane)
     now = time.time()

@@ -103,6 +103,9 @@ class JobStatus:
 
 
 HEARTBEAT_LOST_AFTER = 30.0
+# How long past HEARTBEAT_LOST_AFTER a lost heartbeat is waited for before a decision (a
+# beat sent into a storage outage returns within the fail-fast store's timeouts after it).
+LOST_HEARTBEAT_GRACE = 30.0
 IDLE_AFTER_INTERVALS = 10
 
 

@@ -12,7 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamkeeper.observability.health import State, assess
+from streamkeeper.observability.health import (
+    HEARTBEAT_LOST_AFTER,
+    LOST_HEARTBEAT_GRACE,
+    State,
+    assess,
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,14 @@ class StatusReport:
             and self.runner is not None
             and (self.runner.state in RUNNER_LIVE)
         )
+
+    def lost_lately(self, now: float, grace: float = LOST_HEARTBEAT_GRACE) -> bool:
+        """Its heartbeat is lost, but its last beat is less than `grace` seconds past the
+        limit: a runner cut off from storage may still beat again, so wait before acting."""
+        beat_at = None if self.runner is None else self.runner.heartbeat_at
+        if not self.heartbeat_lost or beat_at is None:
+            return False
+        return now < float(beat_at) + HEARTBEAT_LOST_AFTER + grace
 
     @property
     def rewind_advice(self) -> str | None:

@@ -5,7 +5,8 @@
 the run before (FAILED, say) is never mistaken for the new one's. While that runner has
 not beaten yet, its driver's own beat (lineage/driver_beat.py) tells whether it is still
 booting: a driver that exited or stopped beating, wherever it ran, fails the wait at
-once, naming its log.
+once, naming its log. A runner whose heartbeat was lost only lately (a storage outage
+cuts it off for a while) is waited for, up to LOST_HEARTBEAT_GRACE past the limit.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class CheckpointProgressTrigger(ControlPlaneTrigger):
             return self._not_beaten_yet(hook, report, now)
         assert report is not None and report.runner is not None
         facts = {"status_report": status_payload(report), "run_token": report.runner.run_token}
+        if report.lost_lately(now):  # cut off from storage, perhaps: it may beat again
+            return Check.waiting(f"{report.runner.state}, {report.reason}", **facts)
         if report.state == "FAILED" or report.runner.state in _ENDED:
             return Check.error(
                 f"job {self.job!r} is {report.state} before {self.new_checkpoints} new "
