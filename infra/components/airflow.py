@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.components.process import HOST, LocalService, Stoppable, free_port
+from infra.components.process import HOST, LocalService, ServiceError, Stoppable, free_port
 
 
 @dataclass
@@ -125,12 +125,34 @@ def start_airflow(
 ) -> AirflowServices:
     """Start api-server, scheduler, dag-processor and triggerer; wait for the API.
 
+    The API's port was free when it was chosen; another process may take it before the
+    api-server binds it (an outgoing connection's source port comes from the same range).
+    Then everything is started again on another port, up to `BIND_ATTEMPTS` times.
+
     Args:
         work_dir: where each component's log goes (`airflow-{component}.log`).
         extra_env: more environment for every component (connections, settings).
         components: those to start (the api-server always, first).
     """
-    port = free_port()
+    for attempt in range(1, BIND_ATTEMPTS + 1):
+        try:
+            return _start_on(free_port(), work_dir, extra_env, timeout, components)
+        except ServiceError as error:
+            if attempt == BIND_ATTEMPTS or "address already in use" not in str(error):
+                raise
+    raise AssertionError("unreachable")  # the last attempt returned or raised
+
+
+BIND_ATTEMPTS = 3
+
+
+def _start_on(
+    port: int,
+    work_dir: Path,
+    extra_env: Mapping[str, str],
+    timeout: float,
+    components: tuple[str, ...],
+) -> AirflowServices:
     env = airflow_env(extra_env, port)
     airflow = [sys.executable, "-m", "airflow"]
     commands = {

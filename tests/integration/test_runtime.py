@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,28 @@ def test_restart_resumes_from_the_checkpoint(
     assert positions == sorted(positions), line
     seconds = [float(x) for x in re.findall(r" (\d+\.\d\d) s", line)]
     assert len(seconds) == len(order) + 1 and abs(sum(seconds[:-1]) - seconds[-1]) < 0.05
+
+
+def test_a_driver_killed_while_it_wrote_its_first_offsets_starts_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a SIGKILL during the first batch's `offsets/0` write leaves (found by the
+    fan-in chaos test): the query's metadata and Spark's temp file, renamed never. Spark's
+    new-query check counts the temp file, so every restart failed with
+    STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY; the start sweeps it first."""
+    files = write_event_files(tmp_path / "events", files=2, events_per_file=200)
+    spec = _spec(tmp_path, str(tmp_path / "data"))
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}) + "\n")
+    temp = f"0.{uuid.uuid4()}.tmp"
+    (checkpoint / "offsets" / f".{temp}").write_bytes(b"")
+    (checkpoint / "offsets" / f"..{temp}.crc").write_bytes(b"")
+    caplog.set_level(logging.INFO, logger="streamkeeper.runtime.ownership")
+    assert _run(spec).batches == 2
+    assert _totals(_rows(spec, "totals")) == expected_results(files)[0]
+    swept = [r.getMessage() for r in caplog.records if "unfinished checkpoint" in r.getMessage()]
+    assert len(swept) == 1 and f"offsets/.{temp}" in swept[0], swept
 
 
 def test_checkpoint_reset_neither_skips_nor_repeats(tmp_path: Path) -> None:

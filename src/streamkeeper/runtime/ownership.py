@@ -102,11 +102,20 @@ class LineageStart:
 
     def own(self, schemas: dict[str, Any]) -> None:
         """Step 3: records, tables, savepoints, restores (see the module docstring)."""
+        self.sweep_unfinished_writes()
         self.write_job_record()
         self.prepare_tables(schemas)
         self.sweep_savepoints()
         self.externalize()
         self.clear_rewind_pending()
+
+    def sweep_unfinished_writes(self) -> None:
+        """Spark's log writes a killed driver left half done (see SparkCheckpoint)."""
+        assert self.fence is not None
+        self.fence.check()
+        removed = SparkCheckpoint(self.paths.checkpoint_dir).sweep_unfinished_writes()
+        if removed:
+            log.info("removed unfinished checkpoint writes of an earlier run: %s", removed)
 
     def _release_rollback_hold(self, savepoint_id: str) -> None:
         """The rollback's target is an ordinary savepoint again (retention may take it)."""

@@ -13,6 +13,8 @@ import json
 import os
 from pathlib import Path
 
+from streamkeeper.snapshots.manifest import is_temporary
+
 
 class SparkCheckpoint:
     """A local (or mounted) Spark checkpoint directory."""
@@ -70,3 +72,25 @@ class SparkCheckpoint:
 
     def belongs_to(self, query_id: str) -> bool:
         return self.query_id() == query_id
+
+    def sweep_unfinished_writes(self) -> list[str]:
+        """Delete the temp files of log writes a killed driver left; their names.
+
+        Spark writes `offsets/N` and `commits/N` as `.N.<uuid>.tmp` (and its checksum)
+        renamed into place. Its logs skip such files when they read, but a new query's check
+        that `offsets/` and `commits/` are empty (`verifyCheckpointDirectoryEmptyOnStart`,
+        on by default) counts them: a driver killed while it wrote `offsets/0` could never
+        start again. Call it only while holding the lineage: nobody else writes these logs.
+        """
+        removed = []
+        for log_name in ("offsets", "commits"):
+            folder = self.directory / log_name
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            for name in sorted(names):
+                if is_temporary(name):
+                    (folder / name).unlink(missing_ok=True)
+                    removed.append(f"{log_name}/{name}")
+        return removed
